@@ -1,0 +1,3 @@
+from gpucr_hpc.cli import main
+
+main()

@@ -1,0 +1,42 @@
+"""The `gpucr-hpc` command line.
+
+Each group of commands lives in its own module and is registered here, so this
+file stays a table of contents.
+"""
+
+import sys
+
+import click
+
+from gpucr_hpc import __version__
+from gpucr_hpc.errors import GpucrError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpucr-hpc")
+def cli():
+    """Transparent GPU checkpoint/restore for Slurm clusters."""
+
+
+@cli.command()
+def doctor():
+    """Report what this node has: Slurm, CRIU, GPU driver, huge pages."""
+    from gpucr_hpc.doctor import run_doctor
+
+    sys.exit(run_doctor())
+
+
+def main():
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("gpucr-hpc: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except GpucrError as e:
+        click.echo(f"gpucr-hpc: error: {e.one_line()}", err=True)
+        sys.exit(e.exit_code)

@@ -1,0 +1,82 @@
+"""Shared fixtures: the real local Slurm cluster and GPU detection."""
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TESTCLUSTER = REPO / "scripts" / "testcluster"
+
+
+def gpu_present() -> bool:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        return subprocess.run([smi, "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_present():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (none found by nvidia-smi -L)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+class SlurmCluster:
+    """The cluster of scripts/testcluster, driven through the real Slurm CLI."""
+
+    def __init__(self, conf: Path):
+        self.conf = conf
+        self.state = conf.parent.parent
+        self.env = dict(os.environ, SLURM_CONF=str(conf))
+
+    def run(self, *argv, check=True, **kw):
+        kw.setdefault("timeout", 60)
+        return subprocess.run(list(argv), env=kw.pop("env", self.env), capture_output=True,
+                              text=True, check=check, **kw)
+
+    def sbatch(self, script: Path, *args) -> str:
+        out = self.run("sbatch", "--parsable", *args, str(script))
+        return out.stdout.strip().split(";")[0]
+
+    def job(self, jobid: str) -> dict:
+        """`scontrol show job -o` as a dict (22.05 has no --json for it)."""
+        out = self.run("scontrol", "show", "job", "-o", jobid, check=False)
+        if out.returncode != 0:
+            return {}
+        return dict(re.findall(r"(\S+?)=(\S*)", out.stdout))
+
+    def wait_state(self, jobid: str, states, timeout=60) -> dict:
+        states = {states} if isinstance(states, str) else set(states)
+        deadline = time.time() + timeout
+        info = {}
+        while time.time() < deadline:
+            info = self.job(jobid)
+            if info.get("JobState") in states:
+                return info
+            time.sleep(0.3)
+        raise AssertionError(f"job {jobid} not in {states} after {timeout}s: "
+                             f"{info.get('JobState')} ({info.get('Reason')})")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    if os.geteuid() != 0:
+        pytest.skip("the test cluster needs root")
+    was_up = subprocess.run([str(TESTCLUSTER), "status"], capture_output=True).returncode == 0
+    up = subprocess.run([str(TESTCLUSTER), "up"], capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, f"testcluster up failed: {up.stderr.strip() or up.stdout}"
+    cluster = SlurmCluster(Path(up.stdout.strip().splitlines()[-1]))
+    yield cluster
+    if not was_up:
+        subprocess.run([str(TESTCLUSTER), "down"], capture_output=True, timeout=120)
