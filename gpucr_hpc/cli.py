@@ -18,14 +18,6 @@ def cli():
     """Transparent GPU checkpoint/restore for Slurm clusters."""
 
 
-@cli.command()
-def doctor():
-    """Report what this node has: Slurm, CRIU, GPU driver, huge pages."""
-    from gpucr_hpc.doctor import run_doctor
-
-    sys.exit(run_doctor())
-
-
 def main():
     try:
         cli.main(standalone_mode=False)
