@@ -1,0 +1,116 @@
+/*
+ * Parsing of the plugstack.conf arguments, for example
+ *
+ *   optional /usr/local/lib/gpucr/spank_gpucr.so shim=/usr/local/lib/gpucr/libgpucr-cuda.so \
+ *            rundir=/run/gpucr imageroot=/scratch/gpucr arena=/dev/hugepages/gpucr
+ */
+#include "site_config.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DEFAULT_SHIM      "/usr/local/lib/gpucr/libgpucr-cuda.so"
+#define DEFAULT_RUNDIR    "/run/gpucr"
+#define DEFAULT_IMAGEROOT "/var/lib/gpucr/images"
+#define DEFAULT_ARENA     "/dev/shm"
+
+struct key {
+	const char *name;
+	size_t offset;
+	size_t size;
+	int is_path;    /* must be absolute */
+};
+
+#define FIELD(f) offsetof(struct gpucr_site, f), sizeof(((struct gpucr_site *)0)->f)
+
+static const struct key keys[] = {
+	{ "shim",        FIELD(shim),        1 },
+	{ "rundir",      FIELD(rundir),      1 },
+	{ "imageroot",   FIELD(imageroot),   1 },
+	{ "arena",       FIELD(arena),       1 },
+	{ "gpu_feature", FIELD(gpu_feature), 0 },
+	{ "vendor",      FIELD(vendor),      0 },
+};
+
+static int set_error(struct gpucr_site *site, const char *fmt, const char *arg)
+{
+	if (site->error[0] == '\0')
+		snprintf(site->error, sizeof(site->error), fmt, arg);
+	return -1;
+}
+
+int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
+{
+	int rc = 0;
+
+	memset(site, 0, sizeof(*site));
+	snprintf(site->shim, sizeof(site->shim), "%s", DEFAULT_SHIM);
+	snprintf(site->rundir, sizeof(site->rundir), "%s", DEFAULT_RUNDIR);
+	snprintf(site->imageroot, sizeof(site->imageroot), "%s", DEFAULT_IMAGEROOT);
+	snprintf(site->arena, sizeof(site->arena), "%s", DEFAULT_ARENA);
+
+	for (int i = 0; i < ac; i++) {
+		const char *eq = strchr(av[i], '=');
+		const struct key *k = NULL;
+
+		if (eq) {
+			for (size_t j = 0; j < sizeof(keys) / sizeof(keys[0]); j++) {
+				if (strlen(keys[j].name) == (size_t)(eq - av[i]) &&
+				    !strncmp(keys[j].name, av[i], eq - av[i]))
+					k = &keys[j];
+			}
+		}
+		if (!k) {
+			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor=)", av[i]);
+			continue;
+		}
+		const char *val = eq + 1;
+		if (k->is_path && val[0] != '/') {
+			rc = set_error(site, "plugstack.conf argument '%s' must be an absolute path", av[i]);
+			continue;
+		}
+		if (strlen(val) >= k->size) {
+			rc = set_error(site, "plugstack.conf argument '%s' is too long", av[i]);
+			continue;
+		}
+		memcpy((char *)site + k->offset, val, strlen(val) + 1);
+	}
+	return rc;
+}
+
+int gpucr_expand_path(const char *pattern, const char *nodename,
+		      char *out, size_t outlen)
+{
+	char host[256] = "";
+	size_t n = 0;
+
+	for (const char *p = pattern; *p; p++) {
+		const char *ins = NULL;
+		char one[2] = { *p, '\0' };
+
+		if (*p == '%' && p[1] == 'n') {
+			ins = nodename;
+			p++;
+		} else if (*p == '%' && p[1] == 'h') {
+			if (!host[0] && gethostname(host, sizeof(host) - 1) != 0)
+				return -1;
+			ins = host;
+			p++;
+		} else if (*p == '%' && p[1] == '%') {
+			ins = "%";
+			p++;
+		} else {
+			ins = one;
+		}
+		if (!ins || !*ins)
+			return -1;
+		size_t l = strlen(ins);
+		if (n + l >= outlen)
+			return -1;
+		memcpy(out + n, ins, l);
+		n += l;
+	}
+	out[n] = '\0';
+	return 0;
+}

@@ -1,0 +1,30 @@
+/*
+ * Site settings of the gpucr SPANK plugin: the key=value arguments of its
+ * plugstack.conf line.
+ */
+#ifndef GPUCR_SITE_CONFIG_H
+#define GPUCR_SITE_CONFIG_H
+
+#include <limits.h>
+#include <stddef.h>
+
+struct gpucr_site {
+	char shim[PATH_MAX];        /* shim=PATH        LD_PRELOAD library       */
+	char rundir[PATH_MAX];      /* rundir=DIR       root of per-job run dirs */
+	char imageroot[PATH_MAX];   /* imageroot=DIR    checkpoint image store   */
+	char arena[PATH_MAX];       /* arena=DIR        node-local host arena    */
+	char gpu_feature[256];      /* gpu_feature=LIST node features of GPUs    */
+	char vendor[32];            /* vendor=nvidia|amd                         */
+	char error[512];            /* first problem found, "" when none         */
+};
+
+/* Defaults, then ac/av from plugstack.conf.  Returns 0, or -1 with
+ * site->error set (the plugin keeps running; only --gpucr=on jobs fail). */
+int gpucr_site_parse(struct gpucr_site *site, int ac, char **av);
+
+/* Expand %n (short host name: nodename is passed in), %h (full host
+ * name) and %% in pattern. */
+int gpucr_expand_path(const char *pattern, const char *nodename,
+		      char *out, size_t outlen);
+
+#endif
