@@ -10,7 +10,7 @@ shim:
 spank:
 	$(MAKE) -C spank
 
-# The site layout the test cluster uses too: $(PREFIX)/lib/{libgpucr-cuda.so,spank_gpucr.so}.
+# The site layout the test cluster uses too: $(PREFIX)/lib/gpucr/{libgpucr-cuda.so,spank_gpucr.so}.
 install: all
 	$(MAKE) -C shim install PREFIX=$(PREFIX)
 	$(MAKE) -C spank install PREFIX=$(PREFIX)
