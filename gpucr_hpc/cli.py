@@ -18,6 +18,12 @@ def cli():
     """Transparent GPU checkpoint/restore for Slurm clusters."""
 
 
+from gpucr_hpc.cmd_migrate import checkpoint as _migrate_checkpoint, restore as _migrate_restore  # noqa: E402
+
+cli.add_command(_migrate_checkpoint)
+cli.add_command(_migrate_restore)
+
+
 def main():
     try:
         cli.main(standalone_mode=False)

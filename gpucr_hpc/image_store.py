@@ -1,0 +1,220 @@
+"""The durable image store: one directory per checkpoint image.
+
+Layout of an image directory:
+
+    manifest.json        vendor, GPU, sizes, sha256 of every file, owner, ...
+    process-<pid>.h5     GPU buffers of one process (gpu_image.py), GPU processes only
+    criu/                CRIU images of the process tree
+    COMMITTED            written last; holds the sha256 of manifest.json
+
+Writing goes through `ImageWriter`: files are streamed in with their sha256
+computed on the way (one pass, so the checksum costs no extra read), and the
+manifest + COMMITTED are written atomically at the end. Reading goes through
+`open_image`, which checks, before anything is touched: the image is committed,
+owned by the caller (root may open any), and every file has its recorded size
+and checksum. Nothing here ever writes into an image that has been committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucr_hpc import manifest as mf
+from gpucr_hpc.errors import GpucrError
+
+CRIU_SUBDIR = "criu"
+COPY_CHUNK = 16 << 20
+
+
+def process_h5_name(pid: int) -> str:
+    return f"process-{pid}.h5"
+
+
+def prepare_new(path: Path) -> Path:
+    """Create the directory for a new image; refuses to overwrite anything."""
+    path = Path(path).absolute()
+    if path.exists():
+        if not path.is_dir():
+            raise GpucrError(f"{path} exists and is not a directory",
+                             "give checkpoint --to a new or empty directory")
+        if any(path.iterdir()):
+            what = "a committed image" if (path / mf.COMMITTED).exists() else "files"
+            raise GpucrError(f"{path} already holds {what}",
+                             "give checkpoint --to a new or empty directory (images are never overwritten)")
+    else:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.mkdir(mode=0o700)
+        except OSError as e:
+            raise GpucrError(f"cannot create image directory {path}: {e.strerror}",
+                             "check the path and its permissions")
+    return path
+
+
+def copy_with_sha256(src: Path, dst: Path) -> tuple[int, str]:
+    """Copy src to dst (fsync'd), returning (size, sha256) computed in the same pass."""
+    h = hashlib.sha256()
+    size = 0
+    buf = bytearray(COPY_CHUNK)
+    view = memoryview(buf)
+    st = os.stat(src)
+    with open(src, "rb", buffering=0) as fi:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            while True:
+                n = fi.readinto(buf)
+                if not n:
+                    break
+                h.update(view[:n])
+                w = 0
+                while w < n:
+                    w += os.write(fd, view[w:n])
+                size += n
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.chmod(dst, st.st_mode & 0o777 | 0o600)
+    return size, h.hexdigest()
+
+
+class ImageWriter:
+    """Builds one image directory; `commit()` makes it visible as complete."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = prepare_new(path)
+        self.manifest = manifest
+
+    def add_copy(self, src: Path, rel: str) -> int:
+        dst = self.path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        size, digest = copy_with_sha256(src, dst)
+        mf.add_file(self.manifest, rel, size, digest)
+        return size
+
+    def add_tree(self, src_dir: Path, rel_dir: str) -> int:
+        """Copy every regular file under src_dir into rel_dir; returns bytes copied."""
+        total = 0
+        src_dir = Path(src_dir)
+        for root, _dirs, files in os.walk(src_dir):
+            for name in sorted(files):
+                src = Path(root) / name
+                rel = str(Path(rel_dir) / src.relative_to(src_dir))
+                total += self.add_copy(src, rel)
+        return total
+
+    def add_written(self, rel: str) -> int:
+        """Record a file already written into the image (e.g. an HDF5 file), fsync'ing it."""
+        p = self.path / rel
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+        size = p.stat().st_size
+        mf.add_file(self.manifest, rel, size, mf.sha256_file(p))
+        return size
+
+    def commit(self) -> None:
+        for root, dirs, _files in os.walk(self.path):
+            for d in dirs:
+                mf.fsync_dir(Path(root) / d)
+        if self.manifest.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
+            _chown_tree(self.path, self.manifest["owner_uid"])
+        mf.commit(self.path, self.manifest)
+        if self.manifest.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
+            for name in (mf.MANIFEST, mf.COMMITTED):
+                os.chown(self.path / name, self.manifest["owner_uid"], -1)
+
+
+def _chown_tree(path: Path, uid: int) -> None:
+    os.chown(path, uid, -1)
+    for root, dirs, files in os.walk(path):
+        for n in dirs + files:
+            os.chown(os.path.join(root, n), uid, -1, follow_symlinks=False)
+
+
+@dataclass
+class Image:
+    path: Path
+    manifest: dict
+
+    @property
+    def criu_dir(self) -> Path:
+        return self.path / CRIU_SUBDIR
+
+
+def check_owner(path: Path, manifest: dict, euid: int | None = None) -> None:
+    """An image belongs to the user who owns it; only they and root may restore it."""
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
+        return
+    st_uid = Path(path).stat().st_uid
+    owner = manifest.get("owner_uid")
+    for uid in (st_uid, owner):
+        if uid is not None and uid != euid:
+            raise GpucrError(f"image {path} belongs to uid {uid}, you are uid {euid}",
+                             "restore it as its owner or as root")
+
+
+def verify(path: Path, manifest: dict, workers: int = 2) -> None:
+    """Every listed file is present with its size and sha256; nothing unlisted under criu/."""
+    path = Path(path)
+    files = manifest.get("files") or {}
+    for rel, rec in files.items():
+        p = path / rel
+        if ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise GpucrError(f"image {path}: bad file name {rel!r} in manifest", "restore from another copy")
+        if not p.is_file():
+            raise GpucrError(f"image {path}: {rel} is missing", "the image is incomplete; restore from another copy")
+        size = p.stat().st_size
+        if size != rec["size"]:
+            raise GpucrError(f"image {path}: {rel} has {size} bytes, the manifest says {rec['size']} "
+                             "(truncated or corrupt)", "restore from another copy of the image")
+    crit = path / CRIU_SUBDIR
+    if crit.is_dir():
+        for root, _d, names in os.walk(crit):
+            for n in names:
+                rel = str((Path(root) / n).relative_to(path))
+                if rel not in files:
+                    raise GpucrError(f"image {path}: {rel} is not in the manifest",
+                                     "the image was changed after it was committed; restore from another copy")
+
+    def check(item):
+        rel, rec = item
+        return rel, rec["sha256"], mf.sha256_file(path / rel)
+
+    # Largest first, so the two workers finish together.
+    items = sorted(files.items(), key=lambda kv: -kv[1]["size"])
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
+        for rel, want, got in ex.map(check, items):
+            if want != got:
+                raise GpucrError(f"image {path}: checksum mismatch in {rel} (corrupt image)",
+                                 "restore from another copy of the image")
+
+
+def open_image(path: Path, *, verify_checksums: bool = True) -> Image:
+    """Open a committed image for restore: committed, owned, intact, or a GpucrError."""
+    path = Path(path).absolute()
+    m = mf.load(path)
+    check_owner(path, m)
+    if verify_checksums:
+        verify(path, m)
+    return Image(path=path, manifest=m)
+
+
+def tree_digest(path: Path) -> str:
+    """One sha256 over every file name, mode, owner and content under path (for tests and audits)."""
+    h = hashlib.sha256()
+    path = Path(path)
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for n in sorted(files) + []:
+            p = Path(root) / n
+            st = p.lstat()
+            h.update(f"{p.relative_to(path)}\0{st.st_mode}\0{st.st_uid}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+            h.update(mf.sha256_file(p).encode())
+        for d in dirs:
+            st = (Path(root) / d).lstat()
+            h.update(f"{(Path(root) / d).relative_to(path)}/\0{st.st_mode}\0{st.st_uid}\0".encode())
+    return h.hexdigest()

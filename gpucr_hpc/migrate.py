@@ -1,0 +1,422 @@
+"""Whole-process migration: checkpoint a process tree to an image, restore it.
+
+checkpoint_to(pid, DIR):
+    1. checks   - CRIU present and new enough, the process exists and is ours,
+                  DIR is new or empty (nothing is ever overwritten);
+    2. gpu      - shimmed GPU process: the in-place pipeline (process_cr) quiesces
+                  it, copies its GPU memory into the node-local host arena and
+                  checkpoints the rest through the driver: the GPU is free now
+                  (`gpu_released_s`). CPU-only process: nothing to do;
+    3. dump     - CRIU dumps the tree into a node-local staging dir (tmpfs) when
+                  it has room, else straight into DIR/criu. Without
+                  --leave-running the tree is gone after this, with it the tree
+                  runs on (`released_s`: how long the process was held);
+    4. persist  - the drain: GPU buffers to DIR/process-<pid>.h5, staged CRIU
+                  files to DIR/criu/, each with its sha256 (`persist_s`);
+    5. commit   - manifest.json, then COMMITTED, atomically (`commit_s`).
+    A failure before 3 leaves the process as it was and removes the partial DIR;
+    a failure after 3 keeps the staged copy and says where it is.
+
+restore_from(DIR):
+    1. checks   - CRIU, image committed, owned by the caller (or root), every file
+                  with its checksum, GPU vendor/model of this node, files the tree
+                  had open still of their checkpoint size, PIDs free (or a new
+                  PID namespace). All before anything is changed; the image is
+                  only ever read;
+    2. CRIU restore (`criu_restore_s`);
+    3. gpu      - shimmed process: arena from the .h5 file, driver restore (with
+                  GPU UUID remapping), shim copies data back at the same VAs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from gpucr_hpc import criu as criu_mod
+from gpucr_hpc import image_store
+from gpucr_hpc import manifest as mf
+from gpucr_hpc.errors import GpucrError
+
+SHIM_LIBS = ("libgpucr-cuda.so", "libgpucr-hip.so")
+
+
+# -- node and process facts ---------------------------------------------------
+
+def node_gpus() -> dict | None:
+    """Vendor, model, UUIDs and driver version of this node's GPUs; None without GPUs."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            r = subprocess.run([smi, "--query-gpu=name,uuid,driver_version", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=30)
+            rows = [[c.strip() for c in line.split(",")] for line in r.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.TimeoutExpired):
+            rows = []
+        if r.returncode == 0 and rows:
+            return {"vendor": "nvidia", "model": rows[0][0], "models": [x[0] for x in rows],
+                    "uuids": [x[1] for x in rows], "driver_version": rows[0][2]}
+    if os.path.exists("/dev/kfd"):
+        return {"vendor": "amd", "model": None, "models": [], "uuids": [], "driver_version": None}
+    return None
+
+
+def is_shimmed(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                maps = f.read()
+        except OSError:
+            continue
+        if any(lib in maps for lib in SHIM_LIBS):
+            return True
+    return False
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def _stage_root(need: int) -> Path | None:
+    """A node-local tmpfs dir with room for `need` bytes, for the fast dump; else None."""
+    cand = os.environ.get("GPUCR_STAGE_DIR") or "/dev/shm"
+    if cand.lower() in ("", "none", "off"):
+        return None
+    try:
+        st = os.statvfs(cand)
+    except OSError:
+        return None
+    if not os.access(cand, os.W_OK) or st.f_bavail * st.f_frsize < need:
+        return None
+    return Path(cand)
+
+
+# -- the GPU step: a call into the in-place pipeline ----------------------------
+
+def _gpu_checkpoint(pid: int):
+    """In-place GPU checkpoint of a shimmed process (process_cr); returns its handle."""
+    try:
+        from gpucr_hpc import process_cr
+    except ImportError:
+        process_cr = None
+    fn = getattr(process_cr, "checkpoint_for_migration", None)
+    if fn is None:
+        raise GpucrError(f"process {pid} runs under the gpucr shim, but this gpucr-hpc has no "
+                         "in-place GPU pipeline (gpucr_hpc.process_cr.checkpoint_for_migration)",
+                         "install a gpucr-hpc build with GPU support")
+    # Expected: returns an object with .buffers() -> iterable of gpu_image.Buffer
+    # (the arena contents), .gpu -> {model, uuids, driver_version}, .vendor,
+    # .timings -> dict, and .release() once the arena may be freed.
+    return fn(pid)
+
+
+def _gpu_restore(pid: int, image: image_store.Image, h5_rel: str) -> dict:
+    try:
+        from gpucr_hpc import process_cr
+    except ImportError:
+        process_cr = None
+    fn = getattr(process_cr, "restore_from_image", None)
+    if fn is None:
+        raise GpucrError("this image holds GPU state, but this gpucr-hpc has no in-place GPU "
+                         "pipeline (gpucr_hpc.process_cr.restore_from_image)",
+                         "install a gpucr-hpc build with GPU support")
+    return fn(pid, image.path / h5_rel, image.manifest) or {}
+
+
+# -- checkpoint -----------------------------------------------------------------
+
+def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) -> dict:
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+    criu = criu_mod.find_criu()
+    if not criu_mod.is_alive(pid):
+        raise GpucrError(f"no process {pid}", "give the PID of a running process")
+    uid = criu_mod.owner_uid(pid)
+    if os.geteuid() not in (0, uid):
+        raise GpucrError(f"process {pid} belongs to uid {uid}, you are uid {os.geteuid()}",
+                         "checkpoint it as its owner or as root")
+    tree = criu_mod.process_tree(pid)
+    shimmed = is_shimmed(tree)
+    if criu_mod.holds_gpu(tree) and not shimmed:
+        raise GpucrError(f"process {pid} has a GPU device open and does not run under the gpucr shim",
+                         "start it with the shim (srun --gpucr=on, or LD_PRELOAD=libgpucr-cuda.so)")
+    shell_job = not criu_mod.is_session_leader(pid)
+    to_dir = Path(to_dir).absolute()
+    created = not to_dir.exists()
+    m = mf.new_manifest(kind="process", vendor=None, gpu=None)
+    m["owner_uid"] = uid
+    writer = image_store.ImageWriter(to_dir, m)
+    stage = None
+    dumped = False
+    gpu = None
+    try:
+        # 2. GPU: data into the arena, the rest through the driver; GPU free after it.
+        if shimmed:
+            t = time.monotonic()
+            gpu = _gpu_checkpoint(pid)
+            m["vendor"] = gpu.vendor
+            m["gpu"] = gpu.gpu
+            timings.update({f"gpu_{k}": v for k, v in (gpu.timings or {}).items()})
+            timings["gpu_released_s"] = time.monotonic() - t
+        # 3. CPU: CRIU dump, to node-local tmpfs when it fits.
+        root = _stage_root(int(_rss_bytes(tree) * 1.2) + (64 << 20))
+        stage = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir=root)) if root else None
+        dump_dir = stage if stage else to_dir / image_store.CRIU_SUBDIR
+        dump_dir.mkdir(exist_ok=True, mode=0o700)
+        work = Path(tempfile.mkdtemp(prefix="gpucr-dump-"))
+        t = time.monotonic()
+        try:
+            files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job)
+        except GpucrError:
+            if gpu is not None:
+                _gpu_abort(gpu)
+            raise
+        dumped = True
+        if not leave_running and not criu_mod.wait_gone(tree):
+            raise GpucrError(f"process tree of {pid} still runs after criu dump",
+                             "kill it by hand; the image will still be written")
+        timings["dump_s"] = time.monotonic() - t
+        timings["released_s"] = time.monotonic() - t0
+        shutil.rmtree(work, ignore_errors=True)
+        # 4. Drain: persist GPU buffers and CRIU files with checksums.
+        t = time.monotonic()
+        gpu_bytes = 0
+        if gpu is not None:
+            from gpucr_hpc import gpu_image
+            h5 = image_store.process_h5_name(pid)
+            gpu_image.write(to_dir / h5, gpu.buffers(), attrs={"pid": pid, "vendor": gpu.vendor})
+            gpu_bytes = writer.add_written(h5)
+            m["process"] = {"gpu_image": h5}
+            gpu.release()
+        if stage:
+            criu_bytes = writer.add_tree(stage, image_store.CRIU_SUBDIR)
+        else:
+            criu_bytes = 0
+            for p in sorted((to_dir / image_store.CRIU_SUBDIR).iterdir()):
+                criu_bytes += writer.add_written(f"{image_store.CRIU_SUBDIR}/{p.name}")
+        timings["persist_s"] = time.monotonic() - t
+        # 5. Commit.
+        t = time.monotonic()
+        m["process"] = {
+            **m.get("process", {}),
+            "root_pid": pid, "pids": tree, "uid": uid, "cmdline": _cmdline(pid),
+            "shell_job": shell_job, "shimmed": shimmed, "leave_running": leave_running,
+        }
+        m["criu"] = {"version": criu.version_str, "bytes": criu_bytes}
+        m["gpu_bytes"] = gpu_bytes
+        m["open_files"] = files_open
+        m["timings"] = timings
+        writer.commit()
+        timings["commit_s"] = time.monotonic() - t
+    except BaseException as e:
+        if not dumped:
+            if created:
+                shutil.rmtree(to_dir, ignore_errors=True)
+            else:
+                for p in to_dir.iterdir():
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+            if stage:
+                shutil.rmtree(stage, ignore_errors=True)
+        elif not leave_running and stage and isinstance(e, GpucrError):
+            raise GpucrError(e.cause, f"the dumped process is kept in {stage}; {e.fix}") from e
+        raise
+    if stage:
+        shutil.rmtree(stage, ignore_errors=True)
+    timings["total_s"] = time.monotonic() - t0
+    total = m["total_bytes"]
+    return {"image": str(to_dir), "pid": pid, "pids": tree, "bytes": total,
+            "leave_running": leave_running, "staged": stage is not None,
+            "persist_MBps": total / timings["persist_s"] / 1e6 if timings["persist_s"] else None,
+            "timings": timings}
+
+
+def _gpu_abort(gpu) -> None:
+    abort = getattr(gpu, "abort", None)
+    if abort:
+        abort()
+
+
+# -- restore --------------------------------------------------------------------
+
+def check_node(m: dict, node: dict | None = None) -> None:
+    """The image's GPU vendor and model must be on this node."""
+    if not m.get("vendor"):
+        return
+    node = node_gpus() if node is None else node
+    want = f"{m['vendor']} {(m.get('gpu') or {}).get('model') or ''}".strip()
+    if not node:
+        raise GpucrError(f"image needs a {want} GPU, this node ({socket.gethostname()}) has none",
+                         "restore on a node with that GPU (Slurm: --gres=gpu:<type>)")
+    if node["vendor"] != m["vendor"]:
+        raise GpucrError(f"image needs a {want} GPU, this node has {node['vendor']} GPUs",
+                         "restore on a node with the same GPU vendor and model")
+    model = (m.get("gpu") or {}).get("model")
+    if model and model not in (node.get("models") or [node.get("model")]):
+        have = ", ".join(sorted(set(node.get("models") or [node.get("model") or "?"])))
+        raise GpucrError(f"image needs a {want} GPU, this node has {have}",
+                         "restore on a node with the same GPU model")
+
+
+def check_open_files(m: dict, *, rewind: bool) -> list[dict]:
+    """Files the tree had open must still have their checkpoint size (CRIU requires it).
+
+    Returns the files that `rewind` would truncate (a grown append log); raises
+    for anything else. Nothing is changed here.
+    """
+    todo = []
+    for rec in m.get("open_files") or []:
+        p = Path(rec["path"])
+        try:
+            size = p.stat().st_size
+        except OSError:
+            raise GpucrError(f"file {p} that the process had open is missing",
+                             "put it back (the process needs it) and restore again")
+        if size == rec["size"]:
+            continue
+        if size > rec["size"] and rewind:
+            todo.append({**rec, "now": size})
+            continue
+        fix = ("pass --rewind-files to truncate it back (a copy is kept beside it)"
+               if size > rec["size"] else "put back the file as it was at checkpoint time")
+        raise GpucrError(f"file {p} has {size} bytes, {rec['size']} at checkpoint "
+                         "(changed since; CRIU cannot restore over it)", fix)
+    return todo
+
+
+def _rewind(files: list[dict]) -> list[str]:
+    kept = []
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    for rec in files:
+        p = Path(rec["path"])
+        backup = p.with_name(f"{p.name}.gpucr-{stamp}")
+        shutil.copy2(p, backup)
+        os.truncate(p, rec["size"])
+        kept.append(str(backup))
+    return kept
+
+
+def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
+    """PIDs of the image that exist here; zombies (a killed tree not yet reaped) get a grace time."""
+    deadline = time.monotonic() + zombie_grace
+    while True:
+        used = [p for p in pids if criu_mod.pid_in_use(p)]
+        if not used or any(criu_mod.is_alive(p) for p in used) or time.monotonic() > deadline:
+            return used
+        time.sleep(0.02)
+
+
+def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False) -> dict:
+    t0 = time.monotonic()
+    timings: dict[str, float] = {}
+    criu = criu_mod.find_criu()
+    t = time.monotonic()
+    img = image_store.open_image(Path(from_dir))
+    timings["verify_s"] = time.monotonic() - t
+    m = img.manifest
+    proc = m.get("process") or {}
+    if m.get("kind") != "process" or "root_pid" not in proc:
+        raise GpucrError(f"image {img.path} is not a process image", "give restore --from a checkpoint --to directory")
+    check_node(m)
+    rewinds = check_open_files(m, rewind=rewind_files)
+    clash = _pids_in_use(proc.get("pids", []))
+    if pidns == "host" and clash:
+        raise GpucrError(f"PID namespace clash: PID {clash[0]} of the image is in use here "
+                         f"({' '.join(_cmdline(clash[0]))[:60] or 'unknown'})",
+                         "restore with --pidns new, or end the process that holds it")
+    new_ns = pidns == "new" or (pidns == "auto" and bool(clash))
+    if new_ns and os.geteuid() != 0:
+        raise GpucrError("a restore into a new PID namespace needs root "
+                         + (f"(PID {clash[0]} of the image is in use here)" if clash else ""),
+                         "restore as root, or free the PIDs and use --pidns host")
+    kept = _rewind(rewinds) if rewinds else []
+    work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
+    t = time.monotonic()
+    restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
+                                  new_pidns=new_ns)
+    timings["criu_restore_s"] = time.monotonic() - t
+    if proc.get("gpu_image"):
+        t = time.monotonic()
+        gt = _gpu_restore(restored.host_pid, img, proc["gpu_image"])
+        timings.update({f"gpu_{k}": v for k, v in gt.items()})
+        timings["gpu_restore_s"] = time.monotonic() - t
+    shutil.rmtree(work, ignore_errors=True)
+    timings["total_s"] = time.monotonic() - t0
+    return {"image": str(img.path), "pid": restored.host_pid, "ns_pid": restored.ns_pid,
+            "pidns": "new" if new_ns else "host", "bytes": m.get("total_bytes", 0),
+            "rewound_files_kept_as": kept, "timings": timings,
+            "_launcher": restored.launcher}
+
+
+# -- click glue (hooked into the checkpoint/restore commands) ---------------------
+
+def _print_report(kind: str, rep: dict, as_json: bool) -> None:
+    rep = {k: v for k, v in rep.items() if not k.startswith("_")}
+    if as_json:
+        click.echo(json.dumps(rep, indent=2, sort_keys=True))
+        return
+    t = rep["timings"]
+    phases = "  ".join(f"{k}={v:.3f}s" for k, v in t.items())
+    if kind == "checkpoint":
+        state = "left running" if rep["leave_running"] else "stopped"
+        click.echo(f"checkpointed PID {rep['pid']} ({len(rep['pids'])} processes, {state}) "
+                   f"to {rep['image']}: {rep['bytes'] / 1e6:.1f} MB")
+    else:
+        click.echo(f"restored {rep['image']} as PID {rep['pid']} "
+                   f"({rep['pidns']} PID namespace, PID {rep['ns_pid']} inside)")
+        for k in rep.get("rewound_files_kept_as") or []:
+            click.echo(f"  rewound a grown file; its later content is kept in {k}")
+    click.echo(f"  {phases}")
+
+
+def checkpoint_options(f):
+    f = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")(f)
+    f = click.option("--leave-running", is_flag=True,
+                     help="With --to: keep the process running after the image is written.")(f)
+    f = click.option("--to", "to_dir", type=click.Path(file_okay=False),
+                     help="Write a whole-process image (CRIU + GPU data) to this new directory.")(f)
+    return f
+
+
+def restore_options(f):
+    f = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")(f)
+    f = click.option("--rewind-files", is_flag=True,
+                     help="Truncate files the process had open that grew since the checkpoint "
+                          "(a copy of each is kept beside it).")(f)
+    f = click.option("--pidns", type=click.Choice(["auto", "host", "new"]), default="auto",
+                     show_default=True,
+                     help="host: the original PIDs here (refused if taken); new: a new PID "
+                          "namespace (root); auto: host when the PIDs are free.")(f)
+    f = click.option("--from", "from_dir", type=click.Path(file_okay=False),
+                     help="Restore the whole-process image in this directory.")(f)
+    return f
+
+
+def run_checkpoint(pid: int, to_dir: str, leave_running: bool, as_json: bool) -> None:
+    _print_report("checkpoint", checkpoint_to(pid, to_dir, leave_running=leave_running), as_json)
+
+
+def run_restore(from_dir: str, pidns: str, rewind_files: bool, as_json: bool) -> None:
+    _print_report("restore", restore_from(from_dir, pidns=pidns, rewind_files=rewind_files), as_json)
