@@ -1,0 +1,342 @@
+"""The gpucr SPANK plugin (spank/) on the real local Slurm cluster.
+
+The module builds spank/ from this checkout and, for its own duration, points the
+cluster's plugstack.conf at that build with test settings: a stand-in shim (any
+preloadable library does; the plugin only checks it exists and puts it in LD_PRELOAD)
+and a run dir root per node (`%n`), since all nodes of the test cluster share one file
+system. plugstack.conf is re-read for every step, so no daemon restarts; the original
+file is put back at the end.
+"""
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_USER = "gpucrtest"
+
+PROBE = r'''
+import json, os, sys
+rd = os.environ.get("GPUCR_RUN_DIR")
+info = {
+    "host": os.uname().nodename,
+    "pid": os.getpid(),
+    "ppid": os.getppid(),
+    "uid": os.getuid(),
+    "tag": sys.argv[1] if len(sys.argv) > 1 else "",
+    "env": {k: v for k, v in os.environ.items()
+            if (k.startswith("GPUCR_") and not k.startswith("GPUCR_TESTCLUSTER"))
+            or k in ("LD_PRELOAD", "SLURM_PROCID", "SLURM_STEP_ID")},
+}
+if rd and os.path.isdir(rd):
+    st = os.stat(rd)
+    info["rundir"] = {"uid": st.st_uid, "mode": oct(st.st_mode & 0o7777),
+                      "tasks": sorted(os.listdir(os.path.join(rd, "tasks")))}
+    rec = os.path.join(rd, "tasks", "%s.%s" % (os.environ["GPUCR_STEP_ID"],
+                                               os.environ["GPUCR_LOCAL_RANK"]))
+    if os.path.exists(rec):
+        info["record"] = dict(line.split("=", 1) for line in open(rec).read().split())
+print("PROBE " + json.dumps(info), flush=True)
+'''
+
+
+def probes(text):
+    return [json.loads(line.split("PROBE ", 1)[1]) for line in text.splitlines()
+            if "PROBE " in line]
+
+
+class Spank:
+    """The test cluster with this checkout's plugin and test site settings."""
+
+    def __init__(self, cluster, root: Path):
+        self.cluster = cluster
+        self.root = root
+        self.shim = root / "lib" / "libgpucr-test.so"
+        self.plugin = root / "lib" / "spank_gpucr.so"
+        self.probe = root / "probe.py"
+        self.out = root / "out"
+        self.plugstack = cluster.state / "etc" / "plugstack.conf"
+        # keep the cluster's choice of `required` / `optional`
+        words = self.plugstack.read_text().split()
+        self.keyword = words[0] if words and words[0] in ("required", "optional") else "optional"
+
+    def rundir_root(self, node):
+        return self.root / "nodes" / node / "run"
+
+    def line(self, **override):
+        args = {"shim": str(self.shim), "rundir": str(self.root / "nodes" / "%n" / "run"),
+                "imageroot": str(self.root / "images"),
+                "arena": str(self.root / "nodes" / "%n" / "arena"),
+                "gpu_feature": "gpu_nvidia"}
+        args.update(override)
+        return "%s %s %s\n" % (self.keyword, self.plugin, " ".join(f"{k}={v}" for k, v in args.items()))
+
+    def configure(self, text):
+        self.plugstack.write_text(text)
+
+    def run(self, *argv, user=None, check=False, timeout=90, env=None):
+        if user:
+            argv = ("runuser", "-u", user, "--") + argv
+        return self.cluster.run(*argv, check=check, timeout=timeout,
+                                env=env or self.cluster.env)
+
+    def batch(self, script, *args, user=None, env=None):
+        """sbatch --wait; returns (jobid, exit code, job output)."""
+        path = self.out / f"job-{time.monotonic_ns()}.sh"
+        path.write_text("#!/bin/bash\n" + script)
+        path.chmod(0o755)
+        out = self.out / (path.stem + ".out")
+        res = self.run("sbatch", "--wait", "--parsable", "-o", str(out), *args, str(path),
+                       user=user, env=env)
+        jobid = res.stdout.strip().split(";")[0]
+        text = out.read_text() if out.exists() else ""
+        return jobid, res.returncode, text + res.stderr
+
+    def wait_gone(self, path: Path, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not path.exists():
+                return True
+            time.sleep(0.2)
+        return False
+
+
+@pytest.fixture(scope="module")
+def spank(slurm_cluster, tmp_path_factory):
+    build = subprocess.run(["make", "-C", str(REPO / "spank")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    root = slurm_cluster.state / "spanktest"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "lib").mkdir(parents=True)
+    (root / "out").mkdir()
+    (root / "images").mkdir()
+    for d in (root, root / "lib"):
+        d.chmod(0o755)
+    (root / "out").chmod(0o1777)
+    s = Spank(slurm_cluster, root)
+    shutil.copy(REPO / "spank" / "spank_gpucr.so", s.plugin)
+    src = tmp_path_factory.mktemp("shim") / "shim.c"
+    src.write_text("int gpucr_test_shim_loaded = 1;\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(s.shim), str(src)], check=True)
+    s.probe.write_text(PROBE)
+    for f in (s.plugin, s.shim, s.probe):
+        f.chmod(0o755)
+    original = s.plugstack.read_text()
+    s.configure(s.line())
+    try:
+        yield s
+    finally:
+        s.plugstack.write_text(original)
+
+
+@pytest.fixture(scope="module")
+def test_user():
+    try:
+        return pwd.getpwnam(TEST_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash",
+                        TEST_USER], check=True, capture_output=True)
+        return pwd.getpwnam(TEST_USER)
+
+
+def check_gpucr_task(p, spank, jobid, step, user_preload=()):
+    env = p["env"]
+    preload = env["LD_PRELOAD"].split(":")
+    assert preload[0] == str(spank.shim), env["LD_PRELOAD"]
+    assert preload.count(str(spank.shim)) == 1, env["LD_PRELOAD"]
+    assert preload[1:] == list(user_preload), env["LD_PRELOAD"]
+    assert env["GPUCR_JOB_ID"] == jobid
+    assert env["GPUCR_STEP_ID"] == step
+    assert env["GPUCR_RUN_DIR"] == str(spank.rundir_root(p["host"]) / jobid)
+    assert env["GPUCR_IMAGE_ROOT"] == str(spank.root / "images")
+    assert env["GPUCR_ARENA_DIR"] == str(spank.root / "nodes" / p["host"] / "arena")
+    assert env["GPUCR_GPU_FEATURE"] == "gpu_nvidia"
+    assert env["GPUCR_NODENAME"] == p["host"]
+    assert p["rundir"]["uid"] == p["uid"]
+    assert p["rundir"]["mode"] == "0o700"
+    rec = p["record"]
+    assert rec["rank"] == env["GPUCR_RANK"] and rec["step"] == step
+    assert rec["local_id"] == env["GPUCR_LOCAL_RANK"]
+    assert int(rec["pid"]) in (p["pid"], p["ppid"])  # the task itself or the shell around us
+
+
+def test_option_in_help(spank):
+    for tool in ("sbatch", "srun", "salloc"):
+        out = spank.run(tool, "--help")
+        assert "--gpucr" in out.stdout, f"{tool} --help lacks --gpucr"
+
+
+def test_batch_and_srun_steps_multinode(spank):
+    """The batch step and srun steps on 2 nodes x 2 tasks, with the user's LD_PRELOAD."""
+    user_lib = "/lib/x86_64-linux-gnu/libm.so.6"
+    env = dict(spank.cluster.env, LD_PRELOAD=user_lib)
+    jobid, rc, out = spank.batch(
+        f"python3 {spank.probe} batch\n"
+        f"srun python3 {spank.probe} step0\n"
+        f"srun python3 {spank.probe} step1\n",
+        "--gpucr=on", "-N2", "--ntasks-per-node=2", "--export=ALL", env=env)
+    assert rc == 0, out
+    ps = probes(out)
+    batch = [p for p in ps if p["tag"] == "batch"]
+    assert len(batch) == 1
+    check_gpucr_task(batch[0], spank, jobid, "batch", [user_lib])
+    assert batch[0]["env"]["GPUCR_RANK"] == "0"
+    for n, tag in enumerate(("step0", "step1")):
+        step = [p for p in ps if p["tag"] == tag]
+        assert sorted(int(p["env"]["GPUCR_RANK"]) for p in step) == [0, 1, 2, 3]
+        assert len({p["host"] for p in step}) == 2
+        for p in step:
+            # inherited from the batch step's LD_PRELOAD: still once, still first
+            check_gpucr_task(p, spank, jobid, str(n), [user_lib])
+            assert p["env"]["GPUCR_RANK"] == p["env"]["SLURM_PROCID"]
+            assert f"{n}.{p['env']['GPUCR_LOCAL_RANK']}" in p["rundir"]["tasks"]
+        # each node has its own run dir
+        assert len({p["env"]["GPUCR_RUN_DIR"] for p in step}) == 2
+    # removed from every node at job end
+    for host in {p["host"] for p in ps}:
+        assert spank.wait_gone(spank.rundir_root(host) / jobid), f"run dir left on {host}"
+
+
+def test_salloc_steps(spank):
+    res = spank.run("salloc", "--gpucr=on", "-N2", "--ntasks-per-node=2",
+                    "srun", "python3", str(spank.probe), "salloc")
+    assert res.returncode == 0, res.stderr
+    ps = probes(res.stdout)
+    assert len(ps) == 4
+    jobid = ps[0]["env"]["GPUCR_JOB_ID"]
+    for p in ps:
+        check_gpucr_task(p, spank, jobid, "0")
+    for host in {p["host"] for p in ps}:
+        assert spank.wait_gone(spank.rundir_root(host) / jobid)
+
+
+def test_srun_job_without_batch(spank):
+    res = spank.run("srun", "--gpucr", "-N2", "--ntasks-per-node=2",
+                    "python3", str(spank.probe), "srun")
+    assert res.returncode == 0, res.stderr
+    ps = probes(res.stdout)
+    assert sorted(int(p["env"]["GPUCR_RANK"]) for p in ps) == [0, 1, 2, 3]
+    for p in ps:
+        check_gpucr_task(p, spank, p["env"]["GPUCR_JOB_ID"], "0")
+
+
+def test_non_root_user(spank, test_user):
+    jobid, rc, out = spank.batch(
+        f"python3 {spank.probe} batch\nsrun python3 {spank.probe} step\n",
+        "--gpucr=on", "-N2", "--ntasks-per-node=1", user=TEST_USER)
+    assert rc == 0, out
+    ps = probes(out)
+    assert len(ps) == 3
+    for p in ps:
+        assert p["uid"] == test_user.pw_uid
+        check_gpucr_task(p, spank, jobid, "batch" if p["tag"] == "batch" else "0")
+    for host in {p["host"] for p in ps}:
+        assert spank.wait_gone(spank.rundir_root(host) / jobid)
+
+
+def test_jobs_without_option_untouched(spank):
+    env = dict(spank.cluster.env, LD_PRELOAD="/lib/x86_64-linux-gnu/libm.so.6")
+    for args in ((), ("--gpucr=off",)):
+        jobid, rc, out = spank.batch(
+            f"python3 {spank.probe} batch\nsrun python3 {spank.probe} step\n",
+            *args, "-N1", "--export=ALL", env=env)
+        assert rc == 0, out
+        ps = probes(out)
+        assert len(ps) == 2
+        for p in ps:
+            assert not [k for k in p["env"] if k.startswith("GPUCR_")], p["env"]
+            assert p["env"]["LD_PRELOAD"] == "/lib/x86_64-linux-gnu/libm.so.6"
+        assert not (spank.rundir_root("n1") / jobid).exists()
+
+
+def test_srun_off_inside_on_job(spank):
+    jobid, rc, out = spank.batch(
+        f"srun --gpucr=off python3 {spank.probe} off\nsrun python3 {spank.probe} on\n",
+        "--gpucr=on", "-N1")
+    assert rc == 0, out
+    ps = {p["tag"]: p for p in probes(out)}
+    assert not any(k.startswith("GPUCR_") for k in ps["off"]["env"])
+    assert "LD_PRELOAD" not in ps["off"]["env"]
+    check_gpucr_task(ps["on"], spank, jobid, "1")
+
+
+@pytest.mark.parametrize("tool", ["sbatch", "srun", "salloc"])
+def test_bad_value_rejected_before_submission(spank, tool):
+    before = spank.run("squeue", "-h", "-o", "%i").stdout.split()
+    argv = {"sbatch": ["sbatch", "--gpucr=maybe", "--wrap", "true"],
+            "srun": ["srun", "--gpucr=maybe", "true"],
+            "salloc": ["salloc", "--gpucr=maybe", "true"]}[tool]
+    res = spank.run(*argv)
+    assert res.returncode != 0
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--gpucr" in lines[0] and "maybe" in lines[0], res.stderr
+    assert spank.run("squeue", "-h", "-o", "%i").stdout.split() == before
+
+
+def test_run_dir_kept_while_persisting(spank):
+    jobid, rc, out = spank.batch('touch "$GPUCR_RUN_DIR/PERSISTING"\necho "$GPUCR_RUN_DIR"\n',
+                                 "--gpucr=on", "-N1")
+    assert rc == 0, out
+    rundir = Path(out.splitlines()[0])
+    time.sleep(3)  # the epilog has run by now
+    try:
+        assert rundir.is_dir() and (rundir / "PERSISTING").exists()
+    finally:
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def test_setup_failure_fails_only_gpucr_jobs(spank):
+    """Shim missing on the nodes: --gpucr=on jobs fail with one clear line before the
+    user's program runs; other jobs run; no node is drained."""
+    spank.configure(spank.line(shim=str(spank.root / "lib" / "missing.so")))
+    try:
+        jobid, rc, out = spank.batch("echo USER CODE RAN\n", "--gpucr=on", "-N1")
+        assert rc != 0
+        assert "USER CODE RAN" not in out
+        assert f"gpucr: error: shim {spank.root}/lib/missing.so not found" in out
+        res = spank.run("srun", "--gpucr=on", "-N2", "echo", "USER CODE RAN")
+        assert res.returncode != 0 and "USER CODE RAN" not in res.stdout
+        assert "gpucr: error: shim" in res.stderr
+        jobid, rc, out = spank.batch("echo PLAIN RAN\n", "-N1")
+        assert rc == 0 and "PLAIN RAN" in out
+    finally:
+        spank.configure(spank.line())
+    states = spank.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
+    assert not [s for s in states if s.startswith(("drain", "down"))], states
+
+
+def test_bad_plugstack_argument_fails_only_gpucr_jobs(spank):
+    spank.configure(spank.line(bogus="1"))
+    try:
+        res = spank.run("srun", "-N1", "echo", "PLAIN RAN")
+        assert res.returncode == 0 and "PLAIN RAN" in res.stdout, res.stderr
+        # refused by sbatch (`required` plugin) or failed on the node (`optional`)
+        jobid, rc, out = spank.batch("echo USER CODE RAN\n", "--gpucr=on", "-N1")
+        assert rc != 0
+        assert "USER CODE RAN" not in out
+        assert "gpucr: unknown plugstack.conf argument 'bogus=1'" in out
+    finally:
+        spank.configure(spank.line())
+
+
+def test_plugin_disabled(spank):
+    """A site without the plugin in plugstack.conf: --gpucr is unknown, jobs run as ever."""
+    spank.configure("# gpucr disabled\n")
+    try:
+        res = spank.run("sbatch", "--gpucr=on", "--wrap", "true")
+        assert res.returncode != 0 and "gpucr" in res.stderr
+        jobid, rc, out = spank.batch(f"python3 {spank.probe} batch\n", "-N1")
+        assert rc == 0, out
+        (p,) = probes(out)
+        assert not any(k.startswith("GPUCR_") for k in p["env"])
+        assert "LD_PRELOAD" not in p["env"]
+    finally:
+        spank.configure(spank.line())
