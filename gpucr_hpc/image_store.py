@@ -144,13 +144,16 @@ class Image:
         return self.path / CRIU_SUBDIR
 
 
-def check_owner(path: Path, manifest: dict, euid: int | None = None) -> None:
+def check_owner(path: Path, manifest: dict | None, euid: int | None = None) -> None:
     """An image belongs to the user who owns it; only they and root may restore it."""
     euid = os.geteuid() if euid is None else euid
     if euid == 0:
         return
-    st_uid = Path(path).stat().st_uid
-    owner = manifest.get("owner_uid")
+    try:
+        st_uid = Path(path).stat().st_uid
+    except OSError:
+        return  # missing: mf.load says so
+    owner = (manifest or {}).get("owner_uid")
     for uid in (st_uid, owner):
         if uid is not None and uid != euid:
             raise GpucrError(f"image {path} belongs to uid {uid}, you are uid {euid}",
@@ -196,6 +199,7 @@ def verify(path: Path, manifest: dict, workers: int = 2) -> None:
 def open_image(path: Path, *, verify_checksums: bool = True) -> Image:
     """Open a committed image for restore: committed, owned, intact, or a GpucrError."""
     path = Path(path).absolute()
+    check_owner(path, None)
     m = mf.load(path)
     check_owner(path, m)
     if verify_checksums:

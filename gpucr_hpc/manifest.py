@@ -100,6 +100,14 @@ def load(image_dir: Path) -> dict:
     """Read a committed manifest; refuses an uncommitted or altered one."""
     image_dir = Path(image_dir)
     marker_path, man_path = image_dir / COMMITTED, image_dir / MANIFEST
+    try:
+        os.stat(image_dir)
+        os.stat(marker_path)
+    except PermissionError:
+        raise GpucrError(f"image {image_dir}: permission denied",
+                         "restore it as its owner or as root")
+    except OSError:
+        pass
     if not image_dir.is_dir():
         raise GpucrError(f"no image at {image_dir}", "give the directory a checkpoint --to wrote")
     if not marker_path.exists():

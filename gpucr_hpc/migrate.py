@@ -331,6 +331,7 @@ def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
 def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False) -> dict:
     t0 = time.monotonic()
     timings: dict[str, float] = {}
+    image_store.check_owner(Path(from_dir).absolute(), None)
     criu = criu_mod.find_criu()
     t = time.monotonic()
     img = image_store.open_image(Path(from_dir))
