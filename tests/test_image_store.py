@@ -1,0 +1,135 @@
+"""The image store and its HDF5 GPU-buffer files, without CRIU or a GPU."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from gpucr_hpc import gpu_image, image_store
+from gpucr_hpc import manifest as mf
+from gpucr_hpc.errors import GpucrError
+
+
+def _buffers():
+    rng = np.random.default_rng(7)
+    return [
+        gpu_image.Buffer(va=0x7F0000000000, size=3 << 20, device=0,
+                         data=rng.integers(0, 256, 3 << 20, dtype=np.uint8)),
+        gpu_image.Buffer(va=0x7F0000400000, size=4096, device=1, data=bytes(range(256)) * 16),
+        gpu_image.Buffer(va=0x7F0000500000, size=0, device=0, data=b""),
+    ]
+
+
+def test_h5_roundtrip(tmp_path):
+    p = tmp_path / "process-1.h5"
+    bufs = _buffers()
+    assert gpu_image.write(p, bufs, attrs={"pid": 1, "vendor": "nvidia"}) == sum(b.size for b in bufs)
+    assert gpu_image.list_buffers(p) == [(b.va, b.size, b.device) for b in bufs]
+    back = list(gpu_image.read(p))
+    for a, b in zip(bufs, back):
+        assert (a.va, a.size, a.device) == (b.va, b.size, b.device)
+        assert np.array_equal(np.frombuffer(a.data, np.uint8) if not isinstance(a.data, np.ndarray) else a.data, b.data)
+    arena = bytearray(4096)
+    gpu_image.read_into(p, 0x7F0000400000, arena)
+    assert bytes(arena) == bytes(range(256)) * 16
+    assert gpu_image.file_attrs(p)["vendor"] == "nvidia"
+
+
+def test_h5_size_mismatch_rejected(tmp_path):
+    with pytest.raises(ValueError, match="expected"):
+        gpu_image.write(tmp_path / "x.h5", [gpu_image.Buffer(va=1, size=10, device=0, data=b"abc")])
+
+
+def test_h5_readable_with_standard_tools(tmp_path):
+    if not (shutil.which("h5ls") and shutil.which("h5dump")):
+        pytest.skip("HDF5 command line tools (Debian: hdf5-tools) are not installed")
+    p = tmp_path / "process-1.h5"
+    gpu_image.write(p, _buffers())
+    ls = subprocess.run(["h5ls", "-r", str(p)], capture_output=True, text=True, check=True).stdout
+    assert "/allocations/alloc-00007f0000400000 Dataset {4096}" in ls
+    attrs = subprocess.run(["h5dump", "-A", "-d", "/allocations/alloc-00007f0000400000", str(p)],
+                           capture_output=True, text=True, check=True).stdout
+    assert str(0x7F0000400000) in attrs and "ATTRIBUTE \"device\"" in attrs
+    data = subprocess.run(["h5dump", "-d", "/allocations/alloc-00007f0000400000", "-c", "4", str(p)],
+                          capture_output=True, text=True, check=True).stdout
+    assert "0, 1, 2, 3" in data
+
+
+def _make_image(tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.img").write_bytes(os.urandom(1 << 20))
+    (src / "sub" / "b.img").write_bytes(b"hello")
+    m = mf.new_manifest(kind="test", vendor=None, gpu=None)
+    w = image_store.ImageWriter(tmp_path / "img", m)
+    assert w.add_tree(src, "criu") == (1 << 20) + 5
+    gpu_image.write(w.path / "process-1.h5", _buffers())
+    w.add_written("process-1.h5")
+    w.commit()
+    return tmp_path / "img"
+
+
+def test_writer_commits_and_verifies(tmp_path):
+    img = _make_image(tmp_path)
+    names = sorted(p.name for p in img.iterdir())
+    assert names == ["COMMITTED", "criu", "manifest.json", "process-1.h5"]
+    m = json.loads((img / "manifest.json").read_text())
+    for key in ("vendor", "gpu", "files", "total_bytes", "created", "tool_version", "owner_uid"):
+        assert key in m
+    assert set(m["files"]) == {"criu/a.img", "criu/sub/b.img", "process-1.h5"}
+    assert m["files"]["criu/sub/b.img"]["sha256"] == mf.sha256_file(img / "criu/sub/b.img")
+    assert stat_mode(img) == 0o700
+    image_store.open_image(img)
+    assert not list(img.glob(".*tmp*")), "no temp files left behind"
+
+
+def stat_mode(p):
+    return os.stat(p).st_mode & 0o777
+
+
+def test_unlisted_file_refused(tmp_path):
+    img = _make_image(tmp_path)
+    (img / "criu" / "extra.img").write_bytes(b"x")
+    with pytest.raises(GpucrError, match="not in the manifest"):
+        image_store.open_image(img)
+
+
+def test_flipped_bit_in_h5_refused(tmp_path):
+    img = _make_image(tmp_path)
+    p = img / "process-1.h5"
+    data = bytearray(p.read_bytes())
+    data[-100] ^= 1
+    p.write_bytes(bytes(data))
+    with pytest.raises(GpucrError, match="checksum mismatch in process-1.h5"):
+        image_store.open_image(img)
+
+
+def test_new_image_never_overwrites(tmp_path):
+    img = _make_image(tmp_path)
+    with pytest.raises(GpucrError, match="already holds a committed image"):
+        image_store.prepare_new(img)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(GpucrError, match="not a directory"):
+        image_store.prepare_new(tmp_path / "file")
+    (tmp_path / "empty").mkdir()
+    assert image_store.prepare_new(tmp_path / "empty") == tmp_path / "empty"
+
+
+def test_atomic_write_replaces_whole(tmp_path):
+    p = tmp_path / "f.json"
+    mf.write_atomic(p, b"old")
+    mf.write_atomic(p, b"new")
+    assert p.read_bytes() == b"new" and sorted(x.name for x in tmp_path.iterdir()) == ["f.json"]
+
+
+def test_format_from_the_future_refused(tmp_path):
+    img = _make_image(tmp_path)
+    m = json.loads((img / "manifest.json").read_text())
+    m["format_version"] = 99
+    mf.commit(img, m)
+    with pytest.raises(GpucrError, match="v99") as e:
+        image_store.open_image(img)
+    assert "newer gpucr-hpc" in e.value.one_line()
