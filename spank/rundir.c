@@ -41,6 +41,10 @@ static int mkdir_root(const char *root, char *err, size_t errlen)
 	}
 	if (stat(root, &st) != 0 || !S_ISDIR(st.st_mode))
 		return ERR("%s is not a directory", root);
+	/* users must not be able to plant a run dir for someone else's job */
+	if (st.st_uid != 0 || (st.st_mode & 0022))
+		return ERR("run dir root %s must be owned by root and writable only by root "
+			   "(plugstack.conf rundir=)", root);
 	return 0;
 }
 

@@ -58,11 +58,31 @@ static void fail(const char *fmt, ...)
 	slurm_error("gpucr: %s", failure);
 }
 
+/* A plugin is ABI-tied to the Slurm major.minor it was built for. */
+static void check_slurm_version(spank_t sp)
+{
+	char *major = NULL, *minor = NULL;
+
+	if (spank_get_item(sp, S_SLURM_VERSION_MAJOR, &major) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_SLURM_VERSION_MINOR, &minor) != ESPANK_SUCCESS ||
+	    !major || !minor)
+		return;
+	if (atoi(major) != SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER) ||
+	    atoi(minor) != SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER)) {
+		snprintf(site.error, sizeof(site.error),
+			 "spank_gpucr.so was built for Slurm %d.%02d but runs in Slurm %s.%s: rebuild it (make -C spank)",
+			 (int)SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER),
+			 (int)SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER), major, minor);
+		site_rc = -1;
+	}
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
 
 	site_rc = gpucr_site_parse(&site, ac, av);
+	check_slurm_version(sp);
 	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR || ctx == S_CTX_REMOTE)
 		gpucr_option_register(sp);
 	if (site_rc != 0 && ctx == S_CTX_SLURMD)

@@ -181,7 +181,8 @@ def test_batch_and_srun_steps_multinode(spank):
     jobid, rc, out = spank.batch(
         f"python3 {spank.probe} batch\n"
         f"srun python3 {spank.probe} step0\n"
-        f"srun python3 {spank.probe} step1\n",
+        f"srun python3 {spank.probe} step1\n"
+        f"python3 {spank.probe} after\n",
         "--gpucr=on", "-N2", "--ntasks-per-node=2", "--export=ALL", env=env)
     assert rc == 0, out
     ps = probes(out)
@@ -200,6 +201,9 @@ def test_batch_and_srun_steps_multinode(spank):
             assert f"{n}.{p['env']['GPUCR_LOCAL_RANK']}" in p["rundir"]["tasks"]
         # each node has its own run dir
         assert len({p["env"]["GPUCR_RUN_DIR"] for p in step}) == 2
+    # the registry forgets tasks that ended
+    (after,) = [p for p in ps if p["tag"] == "after"]
+    assert after["rundir"]["tasks"] == ["batch.0"]
     # removed from every node at job end
     for host in {p["host"] for p in ps}:
         assert spank.wait_gone(spank.rundir_root(host) / jobid), f"run dir left on {host}"
@@ -311,6 +315,20 @@ def test_setup_failure_fails_only_gpucr_jobs(spank):
         spank.configure(spank.line())
     states = spank.run("sinfo", "-h", "-N", "-o", "%T").stdout.split()
     assert not [s for s in states if s.startswith(("drain", "down"))], states
+
+
+def test_unsafe_run_dir_root_refused(spank):
+    """A run dir root that users can write to would let them plant run dirs."""
+    unsafe = spank.root / "unsafe"
+    unsafe.mkdir(exist_ok=True)
+    unsafe.chmod(0o1777)
+    spank.configure(spank.line(rundir=str(unsafe)))
+    try:
+        jobid, rc, out = spank.batch("echo USER CODE RAN\n", "--gpucr=on", "-N1")
+        assert rc != 0 and "USER CODE RAN" not in out
+        assert f"run dir root {unsafe} must be owned by root" in out
+    finally:
+        spank.configure(spank.line())
 
 
 def test_bad_plugstack_argument_fails_only_gpucr_jobs(spank):
