@@ -1,0 +1,193 @@
+/* The host arena: where GPU memory goes while the GPU memory is handed back.
+ *
+ * Segments are files in a hugetlbfs mount (when the configured directory is one)
+ * or in /dev/shm, mapped MAP_SHARED and pre-faulted, then registered with the
+ * driver (pinned) once. The arena only grows, by one segment at a time, so the
+ * same footprint checkpointed again reuses the same pinned memory. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include "gpucr.h"
+
+#define HUGETLBFS_MAGIC_ 0x958458f6
+#define MAX_SEGS 64
+#define BLOB_ALIGN 4096
+
+struct seg {
+    char *base;
+    size_t size, used;
+    int registered;
+    char path[256];
+};
+
+static struct seg segs[MAX_SEGS];
+static int nsegs;
+static char dir[200] = "/dev/shm";
+static int hugetlb;
+static size_t page = 4096;
+static unsigned seq;
+static double setup_s;
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+int gpucr_arena_configure(const char *d)
+{
+    struct statfs fs;
+    const char *use = (d && *d) ? d : "/dev/shm";
+    if (statfs(use, &fs) < 0)
+        return -1;
+    if (strlen(use) >= sizeof dir) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    strcpy(dir, use);
+    hugetlb = ((unsigned long)fs.f_type == HUGETLBFS_MAGIC_);
+    page = hugetlb ? (size_t)fs.f_bsize : 4096;
+    return 0;
+}
+
+const char *gpucr_arena_dir(void) { return dir; }
+int gpucr_arena_is_hugetlb(void) { return hugetlb; }
+
+static int add_segment(size_t size, gpucr_register_fn reg)
+{
+    if (nsegs == MAX_SEGS) {
+        errno = ENOSPC;
+        return -1;
+    }
+    double t0 = gpucr_now();
+    struct seg *s = &segs[nsegs];
+    size = round_up(size, page > (2u << 20) ? page : (2u << 20));
+    snprintf(s->path, sizeof s->path, "%s/gpucr-arena-%d-%u", dir, (int)getpid(), seq++);
+    int fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -1;
+    if (ftruncate(fd, (off_t)size) < 0) {
+        int e = errno;
+        close(fd);
+        unlink(s->path);
+        errno = e;
+        return -1;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (p == MAP_FAILED) {
+        unlink(s->path);
+        errno = e == 0 ? ENOMEM : e;
+        return -1;
+    }
+    s->base = p;
+    s->size = size;
+    s->used = 0;
+    s->registered = 0;
+    if (reg) {
+        if (reg(p, size) != 0) {
+            munmap(p, size);
+            unlink(s->path);
+            errno = EIO;
+            return -1;
+        }
+        s->registered = 1;
+    }
+    nsegs++;
+    setup_s += gpucr_now() - t0;
+    return 0;
+}
+
+static int try_place(const size_t *sizes, size_t n, void **out)
+{
+    int failed = 0;
+    for (int i = 0; i < nsegs; i++)
+        segs[i].used = 0;
+    for (size_t b = 0; b < n; b++) {
+        size_t need = round_up(sizes[b], BLOB_ALIGN);
+        out[b] = NULL;
+        for (int i = 0; i < nsegs; i++) {
+            if (segs[i].size - segs[i].used >= need) {
+                out[b] = segs[i].base + segs[i].used;
+                segs[i].used += need;
+                break;
+            }
+        }
+        if (!out[b])
+            failed = 1;
+    }
+    return failed ? -1 : 0;
+}
+
+int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg)
+{
+    if (try_place(sizes, n, out) == 0)
+        return 0;
+    /* Grow by what did not fit; then everything fits in the new segment at worst. */
+    size_t missing = 0;
+    for (size_t b = 0; b < n; b++)
+        if (!out[b])
+            missing += round_up(sizes[b], BLOB_ALIGN);
+    for (int i = 0; i < nsegs; i++)
+        segs[i].used = 0;
+    if (add_segment(missing, reg) < 0)
+        return -1;
+    if (try_place(sizes, n, out) == 0)
+        return 0;
+    size_t total = 0;
+    for (size_t b = 0; b < n; b++)
+        total += round_up(sizes[b], BLOB_ALIGN);
+    if (add_segment(total, reg) < 0)
+        return -1;
+    return try_place(sizes, n, out);
+}
+
+void gpucr_arena_reset(void)
+{
+    for (int i = 0; i < nsegs; i++)
+        segs[i].used = 0;
+}
+
+size_t gpucr_arena_capacity(void)
+{
+    size_t c = 0;
+    for (int i = 0; i < nsegs; i++)
+        c += segs[i].size;
+    return c;
+}
+
+size_t gpucr_arena_used(void)
+{
+    size_t u = 0;
+    for (int i = 0; i < nsegs; i++)
+        u += segs[i].used;
+    return u;
+}
+
+int gpucr_arena_segments(void) { return nsegs; }
+double gpucr_arena_setup_seconds(void) { return setup_s; }
+
+void gpucr_arena_destroy(gpucr_register_fn unreg)
+{
+    for (int i = 0; i < nsegs; i++) {
+        if (segs[i].registered && unreg)
+            unreg(segs[i].base, segs[i].size);
+        munmap(segs[i].base, segs[i].size);
+        unlink(segs[i].path);
+    }
+    nsegs = 0;
+}
+
+/* The child shares the parent's MAP_SHARED segments: forget them (the files
+ * stay, they are the parent's), so the child never writes into them. */
+void gpucr_arena_after_fork_child(void)
+{
+    for (int i = 0; i < nsegs; i++)
+        munmap(segs[i].base, segs[i].size);
+    nsegs = 0;
+    setup_s = 0;
+}

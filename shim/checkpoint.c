@@ -1,0 +1,612 @@
+/* The shim's half of a checkpoint: quiesce, then data; and its mirror, restore.
+ *
+ * checkpoint: refuse what cannot be checkpointed -> close the gate (bounded) ->
+ *   synchronize every known context (bounded) -> trim memory pools -> copy every
+ *   tracked physical allocation into the pinned arena -> unmap and release it,
+ *   keeping the virtual addresses. The gate stays closed: the agent now calls the
+ *   driver checkpoint API for what is left (contexts, modules, pool memory).
+ * restore (after the agent's driver restore + unlock): re-create each physical
+ *   allocation, map it at the same addresses with the same access, copy the data
+ *   back, reopen the gate. */
+#include <errno.h>
+#include <stdio.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hooks.h"
+
+#define CHUNK (256u << 20)
+#define NSTREAMS 2
+#define MAX_CTX 16
+
+enum { ST_RUNNING, ST_CHECKPOINTED };
+static int state = ST_RUNNING;
+static int state_cuda; /* the checkpoint moved GPU state */
+static int sync_busy;  /* a timed-out context sync still runs */
+static uint64_t last_bytes;
+
+struct ctx_streams {
+    CUcontext ctx;
+    CUstream s[NSTREAMS];
+};
+static struct ctx_streams streams[MAX_CTX];
+static int nstreams;
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static void err(struct jbuf *out, const char *msg)
+{
+    jb_begin(out);
+    jb_bool(out, "ok", 0);
+    jb_str(out, "error", msg);
+    jb_end(out);
+}
+
+static const char *cu_name(CUresult r)
+{
+    static char buf[32];
+    snprintf(buf, sizeof buf, "CUDA error %d", (int)r);
+    return buf;
+}
+
+static CUstream *streams_for(CUcontext ctx)
+{
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i].ctx == ctx)
+            return streams[i].s;
+    if (nstreams == MAX_CTX)
+        return NULL;
+    struct ctx_streams *cs = &streams[nstreams];
+    for (int k = 0; k < NSTREAMS; k++)
+        if (D.cuStreamCreate(&cs->s[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+            return NULL;
+    cs->ctx = ctx;
+    nstreams++;
+    return cs->s;
+}
+
+static CUresult use_ctx(CUcontext ctx)
+{
+    CUcontext cur = NULL;
+    D.cuCtxGetCurrent(&cur);
+    return cur == ctx ? CUDA_SUCCESS : D.cuCtxSetCurrent(ctx);
+}
+
+static int host_register(void *base, size_t size)
+{
+    return D.cuMemHostRegister_v2(base, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* ---- what cannot be checkpointed ---------------------------------------- */
+
+struct refuse_scan {
+    int exported, imported;
+};
+
+static void scan_phys(struct gpucr_phys *p, void *arg)
+{
+    struct refuse_scan *s = arg;
+    if (p->flags & PHYS_EXPORTED)
+        s->exported++;
+    if (p->flags & PHYS_IMPORTED)
+        s->imported++;
+}
+
+static int refusal(char *why, size_t len)
+{
+    struct refuse_scan s = {0, 0};
+    gpucr_table_lock();
+    size_t managed = gpucr_set_count(SET_MANAGED);
+    size_t legacy = gpucr_set_count(SET_IPC_LEGACY), opened = gpucr_set_count(SET_IPC_OPENED);
+    gpucr_phys_foreach(scan_phys, &s);
+    int mps = 0;
+    const struct u64map *ctxs = gpucr_set_map(SET_CTX);
+    U64MAP_FOREACH(ctxs, i) {
+        int v = 0;
+        if (D.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, (CUdevice)ctxs->vals[i]) == CUDA_SUCCESS && v)
+            mps = 1;
+    }
+    gpucr_table_unlock();
+    if (managed)
+        snprintf(why, len, "managed (UVM) memory is in use (%zu allocations): the driver cannot checkpoint it", managed);
+    else if (s.exported || legacy || gpucr_ipc_sticky)
+        snprintf(why, len, "GPU memory is exported to other processes (IPC): the driver cannot checkpoint it");
+    else if (s.imported || opened)
+        snprintf(why, len, "GPU memory of another process is imported (IPC): the driver cannot checkpoint it");
+    else if (mps)
+        snprintf(why, len, "the process is an MPS client: the driver cannot checkpoint it");
+    else
+        return 0;
+    return 1;
+}
+
+/* ---- quiesce ------------------------------------------------------------ */
+
+struct sync_job {
+    CUcontext ctx[MAX_CTX];
+    int n;
+    int done;
+    CUresult rc;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *sync_thread(void *arg)
+{
+    struct sync_job *j = arg;
+    CUresult rc = CUDA_SUCCESS;
+    for (int i = 0; i < j->n && rc == CUDA_SUCCESS; i++) {
+        rc = D.cuCtxSetCurrent(j->ctx[i]);
+        if (rc == CUDA_SUCCESS)
+            rc = D.cuCtxSynchronize();
+    }
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc;
+    j->done = 1;
+    pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    __atomic_store_n(&sync_busy, 0, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* Synchronizes all known contexts within timeout_ms: 0, 1 timeout, -1 error. */
+static int sync_contexts(long timeout_ms, CUresult *rc)
+{
+    static struct sync_job job; /* outlives a timed-out wait */
+    if (__atomic_load_n(&sync_busy, __ATOMIC_SEQ_CST))
+        return 1;
+    memset(&job, 0, sizeof job);
+    pthread_mutex_init(&job.mu, NULL);
+    pthread_cond_init(&job.cv, NULL);
+    gpucr_table_lock();
+    const struct u64map *ctxs = gpucr_set_map(SET_CTX);
+    U64MAP_FOREACH(ctxs, i) if (job.n < MAX_CTX) job.ctx[job.n++] = (CUcontext)(uintptr_t)ctxs->keys[i];
+    gpucr_table_unlock();
+    sync_busy = 1;
+    pthread_t t;
+    if (pthread_create(&t, NULL, sync_thread, &job) != 0) {
+        sync_busy = 0;
+        return -1;
+    }
+    pthread_detach(t);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&job.mu);
+    while (!job.done)
+        if (pthread_cond_timedwait(&job.cv, &job.mu, &dl) == ETIMEDOUT)
+            break;
+    int done = job.done;
+    *rc = job.rc;
+    pthread_mutex_unlock(&job.mu);
+    if (!done)
+        return 1;
+    return *rc == CUDA_SUCCESS ? 0 : -1;
+}
+
+static void trim_pools(void)
+{
+    gpucr_table_lock();
+    const struct u64map *ctxs = gpucr_set_map(SET_CTX);
+    U64MAP_FOREACH(ctxs, i) {
+        CUmemoryPool pool;
+        if (D.cuDeviceGetDefaultMemPool && D.cuDeviceGetDefaultMemPool(&pool, (CUdevice)ctxs->vals[i]) == CUDA_SUCCESS)
+            D.cuMemPoolTrimTo(pool, 0);
+    }
+    const struct u64map *pools = gpucr_set_map(SET_POOLS);
+    U64MAP_FOREACH(pools, i) D.cuMemPoolTrimTo((CUmemoryPool)(uintptr_t)pools->keys[i], 0);
+    gpucr_table_unlock();
+}
+
+/* ---- data ----------------------------------------------------------------- */
+
+struct work {
+    struct gpucr_phys **p;
+    size_t n, cap;
+};
+
+static void collect(struct gpucr_phys *p, void *arg)
+{
+    struct work *w = arg;
+    if (p->size == 0 || (p->flags & (PHYS_IMPORTED | PHYS_EXPORTED)))
+        return;
+    if (w->n == w->cap) {
+        size_t nc = w->cap ? w->cap * 2 : 256;
+        void *np = realloc(w->p, nc * sizeof *w->p);
+        if (!np)
+            return;
+        w->p = np;
+        w->cap = nc;
+    }
+    if (!p->ctx) { /* created with no current context: any on its device */
+        const struct u64map *ctxs = gpucr_set_map(SET_CTX);
+        U64MAP_FOREACH(ctxs, i) if (!p->ctx || (int)ctxs->vals[i] == p->device) p->ctx = (void *)(uintptr_t)ctxs->keys[i];
+    }
+    w->p[w->n++] = p;
+}
+
+static void pick_source(struct gpucr_map *m, void *arg)
+{
+    (void)arg;
+    struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
+    if (p && !p->copy_va && m->offset == 0 && m->size >= p->size)
+        p->copy_va = m->va;
+}
+
+static void unmap_dropped(struct gpucr_map *m, void *arg)
+{
+    CUresult *rc = arg;
+    struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
+    if (p && p->host && !p->dropped) {
+        CUresult r = D.cuMemUnmap(m->va, m->size);
+        if (r != CUDA_SUCCESS && *rc == CUDA_SUCCESS)
+            *rc = r;
+    }
+}
+
+static void remap(struct gpucr_map *m, void *arg)
+{
+    CUresult *rc = arg;
+    struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
+    if (!p || p->dropped != 2 || *rc != CUDA_SUCCESS)
+        return;
+    CUresult r = D.cuMemMap(m->va, m->size, m->offset, p->rhandle, 0);
+    if (r == CUDA_SUCCESS && m->naccess)
+        r = D.cuMemSetAccess(m->va, m->size, (const CUmemAccessDesc *)m->access, (size_t)m->naccess);
+    if (r != CUDA_SUCCESS)
+        *rc = r;
+}
+
+static void undo_remap(struct gpucr_map *m, void *arg)
+{
+    (void)arg;
+    struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
+    if (p && p->dropped == 2)
+        D.cuMemUnmap(m->va, m->size); /* fails harmlessly where it was not mapped */
+}
+
+/* A temporary mapping for a physical allocation that is not mapped whole. */
+static CUresult scratch_map(struct gpucr_phys *p)
+{
+    CUdeviceptr va = 0;
+    CUresult r = D.cuMemAddressReserve(&va, p->size, 0, 0, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = D.cuMemMap(va, p->size, 0, p->rhandle, 0);
+    if (r == CUDA_SUCCESS) {
+        CUmemAccessDesc acc;
+        memset(&acc, 0, sizeof acc);
+        acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        acc.location.id = p->device;
+        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        r = D.cuMemSetAccess(va, p->size, &acc, 1);
+        if (r != CUDA_SUCCESS)
+            D.cuMemUnmap(va, p->size);
+    }
+    if (r != CUDA_SUCCESS) {
+        D.cuMemAddressFree(va, p->size);
+        return r;
+    }
+    p->copy_va = va;
+    p->scratch = 1;
+    return CUDA_SUCCESS;
+}
+
+static void scratch_unmap(struct gpucr_phys *p)
+{
+    if (!p->scratch)
+        return;
+    D.cuMemUnmap(p->copy_va, p->size);
+    D.cuMemAddressFree(p->copy_va, p->size);
+    p->scratch = 0;
+    p->copy_va = 0;
+}
+
+/* Copies each allocation in chunks spread over the context's streams. */
+static CUresult copy_all(struct work *w, int to_host)
+{
+    CUresult r = CUDA_SUCCESS;
+    int k = 0;
+    for (size_t i = 0; i < w->n && r == CUDA_SUCCESS; i++) {
+        struct gpucr_phys *p = w->p[i];
+        if ((r = use_ctx(p->ctx)) != CUDA_SUCCESS)
+            break;
+        CUstream *s = streams_for(p->ctx);
+        if (!s)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        for (size_t off = 0; off < p->size && r == CUDA_SUCCESS; off += CHUNK) {
+            size_t n = p->size - off < CHUNK ? p->size - off : CHUNK;
+            if (to_host)
+                r = D.cuMemcpyDtoHAsync_v2((char *)p->host + off, p->copy_va + off, n, s[k++ % NSTREAMS]);
+            else
+                r = D.cuMemcpyHtoDAsync_v2(p->copy_va + off, (char *)p->host + off, n, s[k++ % NSTREAMS]);
+        }
+    }
+    for (int c = 0; c < nstreams; c++) {
+        use_ctx(streams[c].ctx);
+        for (int j = 0; j < NSTREAMS; j++) {
+            CUresult s = D.cuStreamSynchronize(streams[c].s[j]);
+            if (r == CUDA_SUCCESS)
+                r = s;
+        }
+    }
+    return r;
+}
+
+static void clear_copy_state(struct gpucr_phys *p, void *arg)
+{
+    (void)arg;
+    p->copy_va = 0;
+    p->host = NULL;
+}
+
+/* ---- commands -------------------------------------------------------------- */
+
+static void status_phys(struct gpucr_phys *p, void *arg)
+{
+    uint64_t *acc = arg; /* [0] resident bytes, [1] checkpointed bytes */
+    if (p->dropped)
+        acc[1] += p->size;
+    else
+        acc[0] += p->size;
+}
+
+void gpucr_cmd_status(struct jbuf *out)
+{
+    uint64_t acc[2] = {0, 0};
+    gpucr_table_lock();
+    gpucr_phys_foreach(status_phys, acc);
+    size_t nphys = gpucr_phys_count(), nmaps = gpucr_map_count();
+    size_t nasync = gpucr_set_count(SET_ASYNC), nmanaged = gpucr_set_count(SET_MANAGED);
+    uint64_t async_bytes = gpucr_set_sum(SET_ASYNC);
+    size_t ipc = gpucr_set_count(SET_IPC_LEGACY) + gpucr_set_count(SET_IPC_OPENED) + gpucr_ipc_sticky;
+    gpucr_table_unlock();
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_i64(out, "pid", getpid());
+    jb_i64(out, "ppid", getppid());
+    jb_i64(out, "uid", getuid());
+    jb_str(out, "state", state == ST_RUNNING ? "running" : "checkpointed");
+    jb_bool(out, "cuda", gpucr_driver_loaded());
+    jb_u64(out, "gpu_bytes", acc[0]);
+    jb_u64(out, "checkpointed_bytes", acc[1]);
+    jb_u64(out, "allocations", nphys);
+    jb_u64(out, "mappings", nmaps);
+    jb_u64(out, "async_allocations", nasync);
+    jb_u64(out, "async_bytes", async_bytes);
+    jb_u64(out, "managed_allocations", nmanaged);
+    jb_u64(out, "ipc_in_use", ipc);
+    jb_u64(out, "arena_bytes", gpucr_arena_capacity());
+    jb_u64(out, "arena_used", gpucr_arena_used());
+    jb_i64(out, "arena_segments", gpucr_arena_segments());
+    jb_str(out, "arena_dir", gpucr_arena_dir());
+    jb_bool(out, "arena_hugetlb", gpucr_arena_is_hugetlb());
+    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds());
+    jb_bool(out, "gate_closed", gpucr_gate_is_closed());
+    jb_u64(out, "gate_waits", gpucr_gate_waits());
+    jb_bool(out, "vmm_backing", gpucr_vmm_backing);
+    jb_u64(out, "getproc_hooked", gpucr_stat_getproc_hooked);
+    jb_u64(out, "dlsym_hooked", gpucr_stat_dlsym_hooked);
+    jb_str(out, "socket", gpucr_control_path());
+    jb_end(out);
+}
+
+void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
+{
+    char why[256];
+    if (state != ST_RUNNING)
+        return err(out, "already checkpointed: restore it first");
+    double t0 = gpucr_now();
+    if (!gpucr_driver_loaded()) { /* a CPU process: nothing on the GPU */
+        state = ST_CHECKPOINTED;
+        state_cuda = 0;
+        jb_begin(out);
+        jb_bool(out, "ok", 1);
+        jb_bool(out, "cuda", 0);
+        jb_end(out);
+        return;
+    }
+    if (refusal(why, sizeof why))
+        return err(out, why);
+    if (timeout_ms < 0)
+        timeout_ms = 10000;
+
+    /* quiesce */
+    if (gpucr_gate_close(timeout_ms) != 0) {
+        snprintf(why, sizeof why, "quiesce timed out after %ld ms with %ld calls still in the driver; checkpoint aborted, the process keeps running",
+                 timeout_ms, gpucr_gate_inflight());
+        return err(out, why);
+    }
+    long left = timeout_ms - (long)((gpucr_now() - t0) * 1000);
+    CUresult rc = CUDA_SUCCESS;
+    int s = sync_contexts(left > 0 ? left : 1, &rc);
+    if (s != 0) {
+        gpucr_gate_open();
+        if (s > 0)
+            snprintf(why, sizeof why, "quiesce timed out after %ld ms waiting for GPU work to finish; checkpoint aborted, the process keeps running", timeout_ms);
+        else
+            snprintf(why, sizeof why, "synchronizing the GPU failed (%s); checkpoint aborted, the process keeps running", cu_name(rc));
+        return err(out, why);
+    }
+    trim_pools();
+    double t1 = gpucr_now();
+
+    /* data: copy out */
+    struct work w = {0, 0, 0};
+    gpucr_table_lock();
+    gpucr_phys_foreach(collect, &w);
+    gpucr_map_foreach(pick_source, NULL);
+    size_t *sizes = calloc(w.n ? w.n : 1, sizeof *sizes);
+    void **hosts = calloc(w.n ? w.n : 1, sizeof *hosts);
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < w.n && sizes; i++)
+        bytes += (sizes[i] = w.p[i]->size);
+    rc = CUDA_SUCCESS;
+    const char *fail = NULL;
+    double reg0 = gpucr_arena_setup_seconds();
+    if (!sizes || !hosts)
+        fail = "out of host memory";
+    if (!fail && w.n) {
+        use_ctx(w.p[0]->ctx);
+        if (gpucr_arena_place(sizes, w.n, hosts, host_register) != 0)
+            fail = "the host arena could not grow (out of shared memory or huge pages?)";
+    }
+    for (size_t i = 0; !fail && i < w.n; i++) {
+        w.p[i]->host = hosts[i];
+        if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
+            fail = "mapping an allocation for copying failed";
+    }
+    if (!fail && (rc = copy_all(&w, 1)) != CUDA_SUCCESS)
+        fail = "copying GPU memory to the host failed";
+    if (fail) {
+        for (size_t i = 0; i < w.n; i++)
+            scratch_unmap(w.p[i]);
+        gpucr_phys_foreach(clear_copy_state, NULL);
+        gpucr_arena_reset();
+        gpucr_table_unlock();
+        gpucr_gate_open();
+        free(sizes);
+        free(hosts);
+        free(w.p);
+        snprintf(why, sizeof why, "%s (%s); checkpoint aborted, the process keeps running", fail, cu_name(rc));
+        return err(out, why);
+    }
+    /* every byte is on the host: release the physical memory, keep the VAs */
+    rc = CUDA_SUCCESS;
+    gpucr_map_foreach(unmap_dropped, &rc);
+    for (size_t i = 0; i < w.n; i++) {
+        struct gpucr_phys *p = w.p[i];
+        scratch_unmap(p);
+        if (p->user_refs > 0 || (p->flags & PHYS_SHIM_OWNED)) {
+            CUresult r = D.cuMemRelease(p->rhandle);
+            if (r != CUDA_SUCCESS && rc == CUDA_SUCCESS)
+                rc = r;
+        }
+        p->dropped = 1;
+    }
+    size_t n = w.n;
+    gpucr_table_unlock();
+    free(sizes);
+    free(hosts);
+    free(w.p);
+    double t2 = gpucr_now();
+    state = ST_CHECKPOINTED;
+    state_cuda = 1;
+    last_bytes = bytes;
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_bool(out, "cuda", 1);
+    jb_f64(out, "quiesce_s", t1 - t0);
+    jb_f64(out, "data_s", t2 - t1);
+    jb_u64(out, "bytes", bytes);
+    jb_u64(out, "allocations", n);
+    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() - reg0);
+    jb_u64(out, "driver_path_bytes", gpucr_set_sum(SET_ASYNC));
+    if (rc != CUDA_SUCCESS)
+        jb_str(out, "warning", cu_name(rc));
+    jb_end(out);
+}
+
+void gpucr_cmd_restore(struct jbuf *out)
+{
+    char why[256];
+    if (state != ST_CHECKPOINTED)
+        return err(out, "not checkpointed: nothing to restore");
+    double t0 = gpucr_now();
+    if (!state_cuda) {
+        state = ST_RUNNING;
+        jb_begin(out);
+        jb_bool(out, "ok", 1);
+        jb_bool(out, "cuda", 0);
+        jb_end(out);
+        return;
+    }
+    struct work w = {0, 0, 0};
+    CUresult rc = CUDA_SUCCESS;
+    const char *fail = NULL;
+    gpucr_table_lock();
+    gpucr_phys_foreach(collect, &w);
+    /* physical memory back, at the same addresses */
+    for (size_t i = 0; i < w.n && !fail; i++) {
+        struct gpucr_phys *p = w.p[i];
+        if (!p->dropped)
+            continue;
+        CUmemGenericAllocationHandle h;
+        if ((rc = use_ctx(p->ctx)) != CUDA_SUCCESS ||
+            (rc = D.cuMemCreate(&h, p->size, (const CUmemAllocationProp *)p->prop, p->create_flags)) != CUDA_SUCCESS)
+            fail = rc == CUDA_ERROR_OUT_OF_MEMORY ? "not enough free GPU memory to restore" : "re-creating GPU memory failed";
+        else {
+            p->rhandle = h;
+            p->dropped = 2; /* re-created, not yet filled */
+        }
+    }
+    if (!fail) {
+        gpucr_map_foreach(remap, &rc);
+        if (rc != CUDA_SUCCESS)
+            fail = "mapping GPU memory at its old address failed";
+    }
+    if (!fail) {
+        for (size_t i = 0; i < w.n; i++)
+            w.p[i]->copy_va = 0;
+        gpucr_map_foreach(pick_source, NULL);
+        for (size_t i = 0; i < w.n && !fail; i++)
+            if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
+                fail = "mapping an allocation for copying failed";
+    }
+    if (!fail && (rc = copy_all(&w, 0)) != CUDA_SUCCESS)
+        fail = "copying data back to the GPU failed";
+    if (fail) {
+        /* Stay checkpointed: the data is still in the arena; a retry may work
+         * once memory is free. Undo what this attempt created. */
+        for (size_t i = 0; i < w.n; i++)
+            scratch_unmap(w.p[i]);
+        gpucr_map_foreach(undo_remap, NULL);
+        for (size_t i = 0; i < w.n; i++)
+            if (w.p[i]->dropped == 2) {
+                D.cuMemRelease(w.p[i]->rhandle);
+                w.p[i]->dropped = 1;
+            }
+        gpucr_table_unlock();
+        free(w.p);
+        snprintf(why, sizeof why, "%s (%s); the process stays checkpointed, retry restore when the GPU has room", fail, cu_name(rc));
+        return err(out, why);
+    }
+    for (size_t i = 0; i < w.n; i++) {
+        struct gpucr_phys *p = w.p[i];
+        scratch_unmap(p);
+        if (p->user_refs == 0 && !(p->flags & PHYS_SHIM_OWNED))
+            D.cuMemRelease(p->rhandle); /* the application had released it */
+        p->dropped = 0;
+        p->host = NULL;
+        p->copy_va = 0;
+    }
+    gpucr_table_unlock();
+    free(w.p);
+    gpucr_arena_reset();
+    double t1 = gpucr_now();
+    state = ST_RUNNING;
+    gpucr_gate_open();
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_bool(out, "cuda", 1);
+    jb_f64(out, "data_s", t1 - t0);
+    jb_u64(out, "bytes", last_bytes);
+    jb_end(out);
+}
+
+void gpucr_checkpoint_after_fork_child(void)
+{
+    state = ST_RUNNING;
+    state_cuda = 0;
+    nstreams = 0;
+    sync_busy = 0;
+}
+
+void gpucr_checkpoint_at_exit(void) { gpucr_arena_destroy(NULL); }

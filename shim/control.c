@@ -1,0 +1,229 @@
+/* The control socket: <run dir>/<pid>.sock, one JSON object per line each way,
+ * served by one shim thread. Only the process's own user and root are answered
+ * (SO_PEERCRED). After fork, the child gets its own socket and thread. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "gpucr.h"
+
+#define MAX_LINE 4096
+
+static char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+static int listen_fd = -1;
+static pid_t owner_pid;
+
+const char *gpucr_control_path(void) { return path; }
+
+static int run_dir(char *out, size_t len)
+{
+    const char *d = getenv("GPUCR_RUN_DIR");
+    const char *x = getenv("XDG_RUNTIME_DIR");
+    int n;
+    if (d && *d)
+        n = snprintf(out, len, "%s", d);
+    else if (x && *x)
+        n = snprintf(out, len, "%s/gpucr", x);
+    else
+        n = snprintf(out, len, "/tmp/gpucr-%u", (unsigned)getuid());
+    if (n < 0 || (size_t)n >= len)
+        return -1;
+    if (mkdir(out, 0700) < 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (lstat(out, &st) < 0 || !S_ISDIR(st.st_mode))
+        return -1;
+    /* never serve from a directory another user controls */
+    if (st.st_uid != geteuid() && st.st_uid != 0) {
+        gpucr_log("run dir %s belongs to uid %u: no control socket", out, (unsigned)st.st_uid);
+        return -1;
+    }
+    return 0;
+}
+
+void gpucr_control_dispatch(const char *line, struct jbuf *out)
+{
+    struct gpucr_req req;
+    if (gpucr_req_parse(line, &req) < 0) {
+        jb_begin(out);
+        jb_bool(out, "ok", 0);
+        jb_str(out, "error", "bad request: expected one JSON object with a \"cmd\" per line");
+        jb_end(out);
+        return;
+    }
+    if (!strcmp(req.cmd, "ping")) {
+        jb_begin(out);
+        jb_bool(out, "ok", 1);
+        jb_i64(out, "pid", getpid());
+        jb_end(out);
+    } else if (!strcmp(req.cmd, "status")) {
+        gpucr_cmd_status(out);
+    } else if (!strcmp(req.cmd, "checkpoint")) {
+        long t = req.timeout_ms;
+        if (t < 0) {
+            const char *e = getenv("GPUCR_QUIESCE_TIMEOUT_MS");
+            t = e ? atol(e) : 10000;
+        }
+        gpucr_cmd_checkpoint(t, out);
+    } else if (!strcmp(req.cmd, "restore")) {
+        gpucr_cmd_restore(out);
+    } else {
+        jb_begin(out);
+        jb_bool(out, "ok", 0);
+        jb_str(out, "error", "unknown command");
+        jb_end(out);
+    }
+}
+
+static void write_all(int fd, const char *buf, size_t len)
+{
+    while (len) {
+        ssize_t n = send(fd, buf, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        buf += n;
+        len -= (size_t)n;
+    }
+}
+
+static void reply(int fd, struct jbuf *j)
+{
+    write_all(fd, j->buf, j->len);
+    write_all(fd, "\n", 1);
+}
+
+static void serve(int fd)
+{
+    struct ucred cred;
+    socklen_t clen = sizeof cred;
+    struct jbuf out;
+    jb_init(&out);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
+        (cred.uid != 0 && cred.uid != getuid() && cred.uid != geteuid())) {
+        jb_begin(&out);
+        jb_bool(&out, "ok", 0);
+        jb_str(&out, "error", "permission denied: only the process owner and root may control it");
+        jb_end(&out);
+        reply(fd, &out);
+        jb_free(&out);
+        return;
+    }
+    struct timeval tv = {30, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char buf[MAX_LINE];
+    size_t have = 0;
+    for (;;) {
+        char *nl = memchr(buf, '\n', have);
+        if (!nl) {
+            if (have == sizeof buf - 1)
+                break; /* line too long */
+            ssize_t n = recv(fd, buf + have, sizeof buf - 1 - have, 0);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                break;
+            have += (size_t)n;
+            continue;
+        }
+        *nl = 0;
+        out.len = 0;
+        out.first = 0;
+        gpucr_control_dispatch(buf, &out);
+        reply(fd, &out);
+        size_t used = (size_t)(nl - buf) + 1;
+        memmove(buf, nl + 1, have - used);
+        have -= used;
+    }
+    jb_free(&out);
+}
+
+static void *server(void *arg)
+{
+    (void)arg;
+    int fd = listen_fd;
+    for (;;) {
+        int c = accept4(fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            gpucr_log("control socket closed (%s)", strerror(errno));
+            return NULL; /* e.g. the program closed all its descriptors */
+        }
+        serve(c);
+        close(c);
+    }
+}
+
+int gpucr_control_start(void)
+{
+    char dir[sizeof path];
+    if (run_dir(dir, sizeof dir - 16) < 0)
+        return -1;
+    int n = snprintf(path, sizeof path, "%s/%d.sock", dir, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof path) {
+        path[0] = 0;
+        return -1;
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    unlink(path); /* a socket left by an earlier image of this pid (exec) */
+    mode_t old = umask(0077);
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    umask(old);
+    if (rc < 0 || listen(fd, 8) < 0) {
+        gpucr_log("control socket %s: %s", path, strerror(errno));
+        close(fd);
+        path[0] = 0;
+        return -1;
+    }
+    listen_fd = fd;
+    owner_pid = getpid();
+    /* the server thread must not receive the program's signals */
+    sigset_t all, old_mask;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+    pthread_t t;
+    rc = pthread_create(&t, NULL, server, NULL);
+    pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    if (rc != 0) {
+        close(fd);
+        unlink(path);
+        listen_fd = -1;
+        path[0] = 0;
+        return -1;
+    }
+    pthread_setname_np(t, "gpucr-ctl");
+    pthread_detach(t);
+    return 0;
+}
+
+void gpucr_control_stop(void)
+{
+    if (path[0] && owner_pid == getpid())
+        unlink(path);
+}
+
+void gpucr_control_after_fork_child(void)
+{
+    /* The parent's thread does not exist here; its socket stays the parent's. */
+    if (listen_fd >= 0)
+        close(listen_fd);
+    listen_fd = -1;
+    path[0] = 0;
+    gpucr_control_start();
+}

@@ -1,0 +1,158 @@
+/* Internal interfaces of libgpucr-cuda.so that do not need cuda.h.
+ * gate.c, table.c, arena.c, protocol.c and log.c only include this file, so they
+ * build and are unit-tested on machines without the CUDA toolkit. */
+#ifndef GPUCR_H
+#define GPUCR_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define GPUCR_EXPORT __attribute__((visibility("default")))
+
+/* ---- log.c ---------------------------------------------------------- */
+void gpucr_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+double gpucr_now(void); /* monotonic seconds */
+
+/* ---- gate.c: the API gate --------------------------------------------
+ * Every work-submitting call runs between gpucr_gate_enter/exit. Closing the
+ * gate makes new calls wait and waits (bounded) for in-flight calls to drain.
+ * Calls nested on one thread pass straight through. */
+void gpucr_gate_enter(void);
+void gpucr_gate_exit(void);
+int gpucr_gate_close(long timeout_ms); /* 0 drained; -1 timed out (gate reopened) */
+void gpucr_gate_open(void);
+int gpucr_gate_is_closed(void);
+long gpucr_gate_inflight(void);
+uint64_t gpucr_gate_waits(void); /* calls that had to wait, since start */
+void gpucr_gate_after_fork_child(void);
+
+/* ---- table.c: u64 -> u64 hash map --------------------------------- */
+struct u64map {
+    uint64_t *keys; /* 0 = empty, 1 = deleted */
+    uint64_t *vals;
+    size_t cap, n, used;
+};
+int u64map_put(struct u64map *m, uint64_t key, uint64_t val); /* key >= 2 */
+int u64map_get(const struct u64map *m, uint64_t key, uint64_t *val);
+int u64map_del(struct u64map *m, uint64_t key);
+void u64map_clear(struct u64map *m);
+#define U64MAP_FOREACH(m, i) \
+    for (size_t i = 0; i < (m)->cap; i++) if ((m)->keys[i] >= 2)
+
+/* ---- table.c: tracked GPU memory ------------------------------------
+ * A phys is one physical allocation (a VMM handle); a map is one mapping of a
+ * phys at a virtual address. Handles the application sees ("vhandle") stay the
+ * same across checkpoints; the real driver handle ("rhandle") changes. */
+#define GPUCR_PROP_BYTES 128
+#define GPUCR_ACCESS_BYTES 16
+#define GPUCR_MAX_ACCESS 8
+
+enum {
+    PHYS_SHIM_OWNED = 1, /* a plain allocation the shim backs with VMM */
+    PHYS_EXPORTED = 2,   /* exported to a shareable handle (IPC) */
+    PHYS_IMPORTED = 4,   /* imported from a shareable handle (IPC) */
+};
+
+struct gpucr_phys {
+    uint64_t vhandle, rhandle;
+    size_t size;
+    int device;
+    void *ctx;
+    unsigned flags;
+    int user_refs; /* outstanding cuMemRelease calls the app owes */
+    int nmaps;
+    unsigned char prop[GPUCR_PROP_BYTES];
+    uint64_t create_flags;
+    uint64_t copy_va;  /* where the data path reads/writes it */
+    int scratch;       /* copy_va is a temporary mapping */
+    void *host;  /* arena copy while checkpointed */
+    int dropped; /* physical memory released by a checkpoint */
+};
+
+struct gpucr_map {
+    uint64_t va;
+    size_t size, offset;
+    uint64_t vhandle;
+    int naccess;
+    unsigned char access[GPUCR_MAX_ACCESS][GPUCR_ACCESS_BYTES];
+};
+
+void gpucr_table_lock(void);
+void gpucr_table_unlock(void);
+struct gpucr_phys *gpucr_phys_add(uint64_t rhandle, size_t size); /* picks vhandle */
+struct gpucr_phys *gpucr_phys_get(uint64_t vhandle);
+void gpucr_phys_del(uint64_t vhandle);
+struct gpucr_map *gpucr_map_add(uint64_t va, size_t size, size_t offset, uint64_t vhandle);
+struct gpucr_map *gpucr_map_get(uint64_t va);
+void gpucr_map_del(uint64_t va);
+/* Calls fn for each map overlapping [va, va+size); fn may delete that map. */
+void gpucr_map_foreach_in(uint64_t va, size_t size, void (*fn)(struct gpucr_map *, void *), void *arg);
+void gpucr_phys_foreach(void (*fn)(struct gpucr_phys *, void *), void *arg);
+void gpucr_map_foreach(void (*fn)(struct gpucr_map *, void *), void *arg);
+size_t gpucr_phys_count(void);
+size_t gpucr_map_count(void);
+/* Simple tracked sets: pointer -> size. */
+enum { SET_MANAGED, SET_ASYNC, SET_IPC_LEGACY, SET_IPC_OPENED, SET_POOLS, SET_CTX, SET_COUNT };
+void gpucr_set_put(int set, uint64_t key, uint64_t val);
+int gpucr_set_take(int set, uint64_t key, uint64_t *val); /* 1 if it was there */
+size_t gpucr_set_count(int set);
+uint64_t gpucr_set_sum(int set);
+const struct u64map *gpucr_set_map(int set); /* caller holds the table lock */
+void gpucr_table_after_fork_child(void);
+
+/* ---- arena.c: pinned host arena ------------------------------------- */
+typedef int (*gpucr_register_fn)(void *base, size_t size);
+int gpucr_arena_configure(const char *dir); /* NULL: /dev/shm; 0 ok, -1 errno */
+const char *gpucr_arena_dir(void);
+int gpucr_arena_is_hugetlb(void);
+/* Places n blobs (sizes[i]) in the arena, growing it by one segment when they do
+ * not fit, and registering the new segment with reg (may be NULL). out[i] gets
+ * the host address of blob i. Returns 0, or -1 with errno. */
+int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg);
+void gpucr_arena_reset(void); /* forget placements, keep capacity */
+size_t gpucr_arena_capacity(void);
+size_t gpucr_arena_used(void);
+int gpucr_arena_segments(void);
+double gpucr_arena_setup_seconds(void); /* time spent creating/faulting/registering */
+void gpucr_arena_destroy(gpucr_register_fn unreg); /* unmaps and unlinks */
+void gpucr_arena_after_fork_child(void);
+
+/* ---- protocol.c: JSON lines ----------------------------------------- */
+struct gpucr_req {
+    char cmd[32];
+    long timeout_ms; /* -1 when absent */
+};
+int gpucr_req_parse(const char *line, struct gpucr_req *req); /* 0 ok, -1 bad */
+
+struct jbuf {
+    char *buf;
+    size_t len, cap;
+    int first; /* next member is the first of its object */
+};
+void jb_init(struct jbuf *j);
+void jb_free(struct jbuf *j);
+void jb_begin(struct jbuf *j);             /* { */
+void jb_end(struct jbuf *j);               /* } */
+void jb_key_obj(struct jbuf *j, const char *key); /* "key": { */
+void jb_str(struct jbuf *j, const char *key, const char *val);
+void jb_u64(struct jbuf *j, const char *key, uint64_t val);
+void jb_i64(struct jbuf *j, const char *key, int64_t val);
+void jb_f64(struct jbuf *j, const char *key, double val);
+void jb_bool(struct jbuf *j, const char *key, int val);
+
+/* ---- control.c: the per-process control socket ---------------------- */
+int gpucr_control_start(void);
+void gpucr_control_stop(void);
+void gpucr_control_after_fork_child(void);
+const char *gpucr_control_path(void);
+/* Answers one request line into out (one JSON object, no newline). */
+void gpucr_control_dispatch(const char *line, struct jbuf *out);
+
+/* ---- commands (checkpoint.c; a stub without CUDA in unit tests) ----- */
+void gpucr_cmd_status(struct jbuf *out);
+void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out);
+void gpucr_cmd_restore(struct jbuf *out);
+
+#endif

@@ -1,0 +1,83 @@
+/* Interfaces between the CUDA-facing files of the shim. */
+#ifndef GPUCR_HOOKS_H
+#define GPUCR_HOOKS_H
+
+#include <cuda.h>
+
+#include "gpucr.h"
+
+/* One intercepted entry point: its exported name, our hook, the real one. */
+struct gpucr_hook {
+    const char *name;
+    void *hook;
+    void **real;
+};
+
+extern const struct gpucr_hook gpucr_hooks_gated[];
+extern const struct gpucr_hook gpucr_hooks_alloc[];
+extern const struct gpucr_hook gpucr_hooks_vmm[];
+extern const struct gpucr_hook gpucr_hooks_async[];
+extern const struct gpucr_hook gpucr_hooks_getproc[];
+
+/* The real driver functions the shim itself calls (exported names). */
+typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuuint64_t);
+#define GPUCR_DRIVER_FUNCS(X)                                                    \
+    X(cuInit) X(cuDriverGetVersion) X(cuCtxGetCurrent) X(cuCtxSetCurrent)       \
+    X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuDeviceGetAttribute)               \
+    X(cuDeviceGetDefaultMemPool) X(cuStreamCreate) X(cuStreamSynchronize)       \
+    X(cuMemcpyDtoHAsync_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemAddressReserve)      \
+    X(cuMemAddressFree) X(cuMemCreate) X(cuMemMap) X(cuMemUnmap) X(cuMemRelease) \
+    X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemHostRegister_v2)  \
+    X(cuMemHostUnregister) X(cuMemPoolTrimTo) X(cuMemRetainAllocationHandle)    \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)           \
+    X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAlloc_v2) X(cuMemFree_v2)  \
+    X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocFromPoolAsync)          \
+    X(cuMemFreeAsync) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)             \
+    X(cuIpcCloseMemHandle) X(cuMemPoolExportToShareableHandle)                  \
+    X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer)             \
+    X(cuMemPoolImportPointer) X(cuGetProcAddress_v2)
+
+struct gpucr_driver {
+#define GPUCR_FIELD(fn) __typeof__(&fn) fn;
+    GPUCR_DRIVER_FUNCS(GPUCR_FIELD)
+#undef GPUCR_FIELD
+    /* per-thread-default-stream variants and old entry points */
+    __typeof__(&cuMemAllocAsync) cuMemAllocAsync_ptsz;
+    __typeof__(&cuMemAllocFromPoolAsync) cuMemAllocFromPoolAsync_ptsz;
+    __typeof__(&cuMemFreeAsync) cuMemFreeAsync_ptsz;
+    gpucr_pfn_getproc_v1 cuGetProcAddress_v1;
+};
+extern struct gpucr_driver gpucr_drv;
+#define D gpucr_drv
+
+int gpucr_driver_load(void);   /* 0 once libcuda is loaded and resolved */
+int gpucr_driver_loaded(void); /* the process has used the driver through the shim */
+void *gpucr_hook_for_real(void *real);
+void *gpucr_real_dlsym(void *handle, const char *name);
+
+extern unsigned long gpucr_stat_getproc_hooked, gpucr_stat_dlsym_hooked;
+extern int gpucr_vmm_backing; /* plain allocations are backed by VMM */
+extern unsigned long gpucr_ipc_sticky; /* pools exported/imported: never forgets */
+
+/* Pass-through of a work-submission call inside the API gate. */
+#define GPUCR_GATED_CALL(name, args)                                     \
+    do {                                                                 \
+        if (!real_##name && (gpucr_driver_load() || !real_##name))       \
+            return CUDA_ERROR_NOT_INITIALIZED;                           \
+        gpucr_gate_enter();                                              \
+        CUresult r_ = ((__typeof__(&name))real_##name) args;             \
+        gpucr_gate_exit();                                               \
+        return r_;                                                       \
+    } while (0)
+
+#define GPUCR_LOAD_OR_FAIL()                        \
+    do {                                            \
+        if (gpucr_driver_load())                    \
+            return CUDA_ERROR_NOT_INITIALIZED;      \
+    } while (0)
+
+void gpucr_note_context(void); /* remember the calling thread's current context */
+void gpucr_checkpoint_after_fork_child(void);
+void gpucr_checkpoint_at_exit(void);
+
+#endif

@@ -1,0 +1,212 @@
+/* Plain allocations (cuMemAlloc/cuMemFree), backed by VMM inside the shim so a
+ * checkpoint can release their physical memory and keep their addresses.
+ * Also: managed memory and legacy IPC, which are only tracked (they make a
+ * checkpoint refuse). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hooks.h"
+
+int gpucr_vmm_backing = 1;
+
+_Static_assert(sizeof(CUmemAllocationProp) <= GPUCR_PROP_BYTES, "prop blob too small");
+_Static_assert(sizeof(CUmemAccessDesc) <= GPUCR_ACCESS_BYTES, "access blob too small");
+
+#define MAX_DEV 64
+static signed char vmm_ok[MAX_DEV]; /* 0 unknown, 1 yes, -1 no */
+
+void gpucr_note_context(void)
+{
+    CUcontext ctx = NULL;
+    CUdevice dev = 0;
+    if (D.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || D.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+        return;
+    gpucr_table_lock();
+    gpucr_set_put(SET_CTX, (uint64_t)(uintptr_t)ctx, (uint64_t)dev);
+    gpucr_table_unlock();
+}
+
+static int device_has_vmm(CUdevice dev)
+{
+    if (dev < 0 || dev >= MAX_DEV)
+        return 0;
+    if (!vmm_ok[dev]) {
+        int v = 0;
+        D.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+        vmm_ok[dev] = v ? 1 : -1;
+    }
+    return vmm_ok[dev] > 0;
+}
+
+/* reserve + create + map + set access; 1 = not applicable (use the real call) */
+static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes, int *fallback)
+{
+    CUcontext ctx = NULL;
+    CUdevice dev = 0;
+    *fallback = 1;
+    if (!gpucr_vmm_backing || bytes == 0 || D.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+        D.cuCtxGetDevice(&dev) != CUDA_SUCCESS || !device_has_vmm(dev))
+        return CUDA_SUCCESS;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    size_t gran = 0;
+    if (D.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !gran)
+        return CUDA_SUCCESS;
+    size_t size = (bytes + gran - 1) / gran * gran;
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = D.cuMemAddressReserve(&va, size, 0, 0, 0);
+    if (r != CUDA_SUCCESS)
+        return CUDA_SUCCESS;
+    *fallback = 0;
+    r = D.cuMemCreate(&h, size, &prop, 0);
+    if (r != CUDA_SUCCESS)
+        goto free_va;
+    r = D.cuMemMap(va, size, 0, h, 0);
+    if (r != CUDA_SUCCESS)
+        goto release;
+    CUmemAccessDesc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    r = D.cuMemSetAccess(va, size, &acc, 1);
+    if (r != CUDA_SUCCESS)
+        goto unmap;
+    gpucr_table_lock();
+    struct gpucr_phys *p = gpucr_phys_add(h, size);
+    struct gpucr_map *m = p ? gpucr_map_add(va, size, 0, p->vhandle) : NULL;
+    if (m) {
+        p->flags = PHYS_SHIM_OWNED;
+        p->device = dev;
+        p->ctx = ctx;
+        memcpy(p->prop, &prop, sizeof prop);
+        m->naccess = 1;
+        memcpy(m->access[0], &acc, sizeof acc);
+        gpucr_set_put(SET_CTX, (uint64_t)(uintptr_t)ctx, (uint64_t)dev);
+    } else if (p) {
+        gpucr_phys_del(p->vhandle);
+    }
+    gpucr_table_unlock();
+    if (!m) {
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+        goto unmap;
+    }
+    *dptr = va;
+    return CUDA_SUCCESS;
+unmap:
+    D.cuMemUnmap(va, size);
+release:
+    D.cuMemRelease(h);
+free_va:
+    D.cuMemAddressFree(va, size);
+    return r;
+}
+
+GPUCR_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    GPUCR_LOAD_OR_FAIL();
+    gpucr_gate_enter();
+    int fallback;
+    CUresult r = vmm_alloc(dptr, bytesize, &fallback);
+    if (fallback)
+        r = D.cuMemAlloc_v2(dptr, bytesize);
+    gpucr_gate_exit();
+    return r;
+}
+
+GPUCR_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
+{
+    GPUCR_LOAD_OR_FAIL();
+    gpucr_gate_enter();
+    CUresult r = CUDA_SUCCESS;
+    gpucr_table_lock();
+    struct gpucr_map *m = gpucr_map_get(dptr);
+    struct gpucr_phys *p = m ? gpucr_phys_get(m->vhandle) : NULL;
+    if (p && (p->flags & PHYS_SHIM_OWNED)) {
+        size_t size = m->size;
+        uint64_t rh = p->rhandle;
+        gpucr_map_del(dptr);
+        gpucr_phys_del(p->vhandle);
+        gpucr_table_unlock();
+        D.cuCtxSynchronize(); /* cuMemFree waits for work using the memory */
+        D.cuMemUnmap(dptr, size);
+        D.cuMemRelease(rh);
+        r = D.cuMemAddressFree(dptr, size);
+    } else {
+        gpucr_set_take(SET_MANAGED, dptr, NULL);
+        gpucr_set_take(SET_ASYNC, dptr, NULL);
+        gpucr_set_take(SET_IPC_LEGACY, dptr, NULL);
+        gpucr_table_unlock();
+        r = D.cuMemFree_v2(dptr);
+    }
+    gpucr_gate_exit();
+    return r;
+}
+
+GPUCR_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    GPUCR_LOAD_OR_FAIL();
+    gpucr_gate_enter();
+    CUresult r = D.cuMemAllocManaged(dptr, bytesize, flags);
+    if (r == CUDA_SUCCESS) {
+        gpucr_table_lock();
+        gpucr_set_put(SET_MANAGED, *dptr, bytesize);
+        gpucr_table_unlock();
+    }
+    gpucr_gate_exit();
+    return r;
+}
+
+GPUCR_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    GPUCR_LOAD_OR_FAIL();
+    CUresult r = D.cuIpcGetMemHandle(pHandle, dptr);
+    if (r == CUDA_SUCCESS) {
+        gpucr_table_lock();
+        gpucr_set_put(SET_IPC_LEGACY, dptr, 1);
+        gpucr_table_unlock();
+    }
+    return r;
+}
+
+GPUCR_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+    GPUCR_LOAD_OR_FAIL();
+    gpucr_gate_enter();
+    CUresult r = D.cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+    if (r == CUDA_SUCCESS) {
+        gpucr_table_lock();
+        gpucr_set_put(SET_IPC_OPENED, *pdptr, 1);
+        gpucr_table_unlock();
+    }
+    gpucr_gate_exit();
+    return r;
+}
+
+GPUCR_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    GPUCR_LOAD_OR_FAIL();
+    gpucr_gate_enter();
+    CUresult r = D.cuIpcCloseMemHandle(dptr);
+    if (r == CUDA_SUCCESS) {
+        gpucr_table_lock();
+        gpucr_set_take(SET_IPC_OPENED, dptr, NULL);
+        gpucr_table_unlock();
+    }
+    gpucr_gate_exit();
+    return r;
+}
+
+static void *r_alloc, *r_free, *r_managed, *r_ipcget, *r_ipcopen, *r_ipcclose;
+const struct gpucr_hook gpucr_hooks_alloc[] = {
+    {"cuMemAlloc_v2", (void *)cuMemAlloc_v2, &r_alloc},
+    {"cuMemFree_v2", (void *)cuMemFree_v2, &r_free},
+    {"cuMemAllocManaged", (void *)cuMemAllocManaged, &r_managed},
+    {"cuIpcGetMemHandle", (void *)cuIpcGetMemHandle, &r_ipcget},
+    {"cuIpcOpenMemHandle_v2", (void *)cuIpcOpenMemHandle_v2, &r_ipcopen},
+    {"cuIpcCloseMemHandle", (void *)cuIpcCloseMemHandle, &r_ipcclose},
+    {0, 0, 0},
+};

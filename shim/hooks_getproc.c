@@ -1,0 +1,50 @@
+/* cuGetProcAddress (both versions): the driver answers, we swap in our hooks. */
+#include "hooks.h"
+
+#undef cuGetProcAddress
+GPUCR_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                               cuuint64_t flags);
+
+static void swap_in(void **pfn)
+{
+    void *h = pfn ? gpucr_hook_for_real(*pfn) : NULL;
+    if (h && h != *pfn) {
+        *pfn = h;
+        __atomic_fetch_add(&gpucr_stat_getproc_hooked, 1, __ATOMIC_RELAXED);
+    }
+}
+
+GPUCR_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,
+                                                  cuuint64_t flags, CUdriverProcAddressQueryResult *status)
+{
+    GPUCR_LOAD_OR_FAIL();
+    if (!D.cuGetProcAddress_v2)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = D.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, status);
+    if (r == CUDA_SUCCESS)
+        swap_in(pfn);
+    return r;
+}
+
+GPUCR_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                                               cuuint64_t flags)
+{
+    GPUCR_LOAD_OR_FAIL();
+    CUresult r;
+    if (D.cuGetProcAddress_v1)
+        r = D.cuGetProcAddress_v1(symbol, pfn, cudaVersion, flags);
+    else if (D.cuGetProcAddress_v2)
+        r = D.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+    else
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (r == CUDA_SUCCESS)
+        swap_in(pfn);
+    return r;
+}
+
+static void *real_v1, *real_v2;
+const struct gpucr_hook gpucr_hooks_getproc[] = {
+    {"cuGetProcAddress", (void *)cuGetProcAddress, &real_v1},
+    {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, &real_v2},
+    {0, 0, 0},
+};

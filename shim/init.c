@@ -1,0 +1,45 @@
+/* Start-up and shutdown of the shim in every process it is loaded into.
+ * Loading it must be harmless: nothing here touches the GPU driver. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hooks.h"
+
+static int enabled(const char *var, int dflt)
+{
+    const char *v = getenv(var);
+    if (!v || !*v)
+        return dflt;
+    return !(strcmp(v, "0") == 0 || strcmp(v, "no") == 0 || strcmp(v, "off") == 0);
+}
+
+static void after_fork_child(void)
+{
+    gpucr_gate_after_fork_child();
+    gpucr_table_after_fork_child();
+    gpucr_arena_after_fork_child();
+    gpucr_checkpoint_after_fork_child();
+    if (enabled("GPUCR_CONTROL", 1))
+        gpucr_control_after_fork_child();
+}
+
+__attribute__((constructor)) static void gpucr_init(void)
+{
+    if (enabled("GPUCR_DISABLE", 0))
+        return;
+    gpucr_vmm_backing = enabled("GPUCR_VMM_BACKING", 1);
+    const char *arena = getenv("GPUCR_ARENA_DIR");
+    if (gpucr_arena_configure(arena) < 0) {
+        gpucr_log("arena dir %s unusable, using /dev/shm", arena ? arena : "(none)");
+        gpucr_arena_configure(NULL);
+    }
+    pthread_atfork(NULL, NULL, after_fork_child);
+    if (enabled("GPUCR_CONTROL", 1))
+        gpucr_control_start();
+}
+
+__attribute__((destructor)) static void gpucr_fini(void)
+{
+    gpucr_control_stop();
+    gpucr_checkpoint_at_exit();
+}

@@ -1,0 +1,72 @@
+/* The host arena: placement, growth by one segment, reuse without growth
+ * (no leak over repeated checkpoints), files in the configured directory,
+ * registration callback, cleanup. */
+#include <dirent.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "gpucr.h"
+
+static int registered, unregistered;
+static int reg(void *b, size_t s) { (void)b; (void)s; registered++; return 0; }
+static int unreg(void *b, size_t s) { (void)b; (void)s; unregistered++; return 0; }
+
+static int files_in(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        n += strncmp(e->d_name, "gpucr-arena-", 12) == 0;
+    closedir(d);
+    return n;
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/gpucr-arena-test-XXXXXX";
+    CHECK(mkdtemp(dir));
+    CHECK(gpucr_arena_configure(dir) == 0);
+    CHECK(strcmp(gpucr_arena_dir(), dir) == 0);
+    CHECK(gpucr_arena_configure("/nonexistent/dir") == -1);
+    CHECK(strcmp(gpucr_arena_dir(), dir) == 0);
+
+    size_t sizes[3] = {3 << 20, 5000, 1 << 20};
+    void *out[3];
+    CHECK(gpucr_arena_place(sizes, 3, out, reg) == 0);
+    CHECK(registered == 1 && gpucr_arena_segments() == 1 && files_in(dir) == 1);
+    size_t cap = gpucr_arena_capacity();
+    CHECK(cap >= sizes[0] + sizes[1] + sizes[2]);
+    /* blobs do not overlap and are writable */
+    for (int i = 0; i < 3; i++)
+        memset(out[i], 'a' + i, sizes[i]);
+    CHECK(((char *)out[0])[sizes[0] - 1] == 'a' && ((char *)out[2])[0] == 'c');
+    CHECK((char *)out[1] >= (char *)out[0] + sizes[0]);
+    CHECK((char *)out[2] >= (char *)out[1] + sizes[1]);
+
+    /* the same footprint again, 20 times: no growth */
+    for (int cycle = 0; cycle < 20; cycle++) {
+        gpucr_arena_reset();
+        CHECK(gpucr_arena_used() == 0);
+        CHECK(gpucr_arena_place(sizes, 3, out, reg) == 0);
+    }
+    CHECK(gpucr_arena_capacity() == cap && registered == 1);
+    PASS("arena reuse");
+
+    /* a larger footprint grows by one segment, registered once */
+    size_t big[2] = {8 << 20, 3 << 20};
+    gpucr_arena_reset();
+    CHECK(gpucr_arena_place(big, 2, out, reg) == 0);
+    CHECK(gpucr_arena_segments() == 2 && registered == 2 && files_in(dir) == 2);
+    gpucr_arena_reset();
+    CHECK(gpucr_arena_place(big, 2, out, reg) == 0);
+    CHECK(gpucr_arena_segments() == 2);
+    PASS("arena growth");
+
+    gpucr_arena_destroy(unreg);
+    CHECK(unregistered == 2 && files_in(dir) == 0 && gpucr_arena_capacity() == 0);
+    rmdir(dir);
+    PASS("arena cleanup");
+    return 0;
+}

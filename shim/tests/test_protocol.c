@@ -1,0 +1,63 @@
+/* Request parsing and the JSON writer, plus dispatch of unknown/bad requests. */
+#include <string.h>
+
+#include "check.h"
+#include "gpucr.h"
+
+int main(void)
+{
+    struct gpucr_req r;
+    CHECK(gpucr_req_parse("{\"cmd\": \"status\"}", &r) == 0 && !strcmp(r.cmd, "status") && r.timeout_ms == -1);
+    CHECK(gpucr_req_parse(" {\"timeout_ms\":2500, \"cmd\":\"checkpoint\", \"x\": true} ", &r) == 0);
+    CHECK(!strcmp(r.cmd, "checkpoint") && r.timeout_ms == 2500);
+    CHECK(gpucr_req_parse("{\"cmd\":\"a\\\"b\"}", &r) == 0 && !strcmp(r.cmd, "a\"b"));
+    CHECK(gpucr_req_parse("", &r) == -1);
+    CHECK(gpucr_req_parse("{}", &r) == -1);
+    CHECK(gpucr_req_parse("{\"cmd\":}", &r) == -1);
+    CHECK(gpucr_req_parse("{\"cmd\":\"status\"", &r) == -1);
+    CHECK(gpucr_req_parse("{\"cmd\":\"status\"} trailing", &r) == -1);
+    CHECK(gpucr_req_parse("{\"cmd\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}", &r) == -1);
+    CHECK(gpucr_req_parse("{\"timeout_ms\": 5}", &r) == -1);
+    PASS("parse");
+
+    struct jbuf j;
+    jb_init(&j);
+    jb_begin(&j);
+    jb_bool(&j, "ok", 1);
+    jb_str(&j, "s", "q\"\\\n");
+    jb_u64(&j, "u", 18446744073709551615ULL);
+    jb_i64(&j, "i", -3);
+    jb_f64(&j, "f", 0.5);
+    jb_key_obj(&j, "o");
+    jb_u64(&j, "a", 1);
+    jb_end(&j);
+    jb_end(&j);
+    CHECK(!strcmp(j.buf, "{\"ok\": true, \"s\": \"q\\\"\\\\\\u000a\", \"u\": 18446744073709551615, "
+                         "\"i\": -3, \"f\": 0.500000, \"o\": {\"a\": 1}}"));
+    jb_free(&j);
+    /* long output grows the buffer */
+    jb_init(&j);
+    jb_begin(&j);
+    char key[16];
+    for (int i = 0; i < 500; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        jb_u64(&j, key, (uint64_t)i);
+    }
+    jb_end(&j);
+    CHECK(j.len > 4000 && strstr(j.buf, "\"k499\": 499}"));
+    jb_free(&j);
+    PASS("writer");
+
+    jb_init(&j);
+    gpucr_control_dispatch("{\"cmd\":\"nope\"}", &j);
+    CHECK(strstr(j.buf, "unknown command"));
+    j.len = 0;
+    gpucr_control_dispatch("garbage", &j);
+    CHECK(strstr(j.buf, "bad request"));
+    j.len = 0;
+    gpucr_control_dispatch("{\"cmd\":\"ping\"}", &j);
+    CHECK(strstr(j.buf, "\"ok\": true"));
+    jb_free(&j);
+    PASS("dispatch");
+    return 0;
+}
