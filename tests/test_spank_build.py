@@ -44,3 +44,48 @@ def test_missing_headers_one_clear_line(src, tmp_path):
     lines = [l for l in res.stderr.splitlines() if not l.startswith("make")]
     assert len(lines) == 1 and "slurm/spank.h not found" in lines[0], res.stderr
     assert "libslurm-dev" in lines[0]
+
+
+HARNESS = r'''
+#include <stdio.h>
+#include <string.h>
+#include "task_env.h"
+/* stubs: the functions under test do not call Slurm */
+spank_err_t spank_getenv(spank_t s, const char *v, char *b, int l) { (void)s; (void)v; (void)b; (void)l; return ESPANK_ERROR; }
+spank_err_t spank_setenv(spank_t s, const char *v, const char *x, int o) { (void)s; (void)v; (void)x; (void)o; return ESPANK_ERROR; }
+spank_err_t spank_unsetenv(spank_t s, const char *v) { (void)s; (void)v; return ESPANK_ERROR; }
+const char *spank_strerror(spank_err_t e) { (void)e; return ""; }
+void slurm_error(const char *f, ...) { (void)f; }
+int main(int argc, char **argv) {
+    char out[256];
+    int rc = strcmp(argv[1], "prepend") == 0
+        ? gpucr_preload_prepend(argv[2], argc > 3 ? argv[3] : NULL, out, sizeof(out))
+        : gpucr_preload_remove(argv[2], argc > 3 ? argv[3] : NULL, out, sizeof(out));
+    if (rc) { puts("TOO LONG"); return 1; }
+    printf("[%s]\n", out);
+    return 0;
+}
+'''
+
+
+@pytest.mark.skipif(not HAVE_HEADERS, reason="slurm/spank.h not installed (libslurm-dev)")
+@pytest.mark.parametrize("op,old,want", [
+    ("prepend", None, "/s.so"),
+    ("prepend", "", "/s.so"),
+    ("prepend", "/u.so", "/s.so:/u.so"),
+    ("prepend", "/u.so /v.so", "/s.so:/u.so:/v.so"),          # ld.so also splits on blanks
+    ("prepend", "/s.so:/u.so", "/s.so:/u.so"),                # already there: still once
+    ("prepend", "/u.so:/s.so::/s.so", "/s.so:/u.so"),         # moved first, empties dropped
+    ("prepend", "/s.so.1:/x/s.so", "/s.so:/s.so.1:/x/s.so"),  # only the exact path counts
+    ("prepend", "/u" * 200, "TOO LONG"),
+    ("remove", "/s.so:/u.so", "/u.so"),
+    ("remove", "/s.so", ""),
+])
+def test_ld_preload_editing(src, tmp_path, op, old, want):
+    (tmp_path / "h.c").write_text(HARNESS)
+    exe = tmp_path / "h"
+    subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", f"-I{src}", "-o", str(exe),
+                    str(tmp_path / "h.c"), str(src / "task_env.c")], check=True)
+    argv = [str(exe), op, "/s.so"] + ([old] if old is not None else [])
+    out = subprocess.run(argv, capture_output=True, text=True).stdout.strip()
+    assert out == (want if want == "TOO LONG" else f"[{want}]")
