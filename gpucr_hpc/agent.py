@@ -1,0 +1,169 @@
+"""The node agent: one per node of a job, started inside the job's allocation.
+
+    srun --jobid=J --overlap --ntasks-per-node=1 --mpi=pmix \
+        python -m gpucr_hpc.agent checkpoint --job J --gen-dir DIR
+
+The agents form an MPI world and run the two-phase checkpoint:
+
+1. prepare: each agent checkpoints every unit on its node in parallel into the
+   (uncommitted) generation, leaving the processes running;
+2. vote: an allreduce of success;
+3. commit: rank 0 writes the job manifest and COMMITTED; or abort: every agent
+   deletes what it wrote, and the job runs on as before.
+
+Each agent prints one JSON line (its node's report); rank 0 prints the job's
+result last, as `{"result": ...}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gpucr_hpc import job_images, migrate
+from gpucr_hpc import manifest as mf
+from gpucr_hpc import criu as criu_mod
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job_units import Unit, foreign_connections, local_units
+from gpucr_hpc.site import load_site
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def save_output(path: str, size: int, dest: Path) -> None:
+    """The job's output file as it was at the dump (its first `size` bytes)."""
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path, "rb") as src, open(dest, "wb") as out:
+        left = size
+        while left:
+            chunk = src.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str]) -> dict:
+    tree = criu_mod.process_tree(unit.pid)
+    foreign = foreign_connections(tree)
+    if foreign:
+        raise GpucrError(f"{unit.name} on {unit.node} has a network connection that cannot move "
+                         f"({foreign[0]})",
+                         "ranks connected to other nodes (MPI, NCCL, gloo over TCP) cannot be "
+                         "migrated; the job keeps running")
+    rep = migrate.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True)
+    saved = {}
+    if unit.name == "batch":
+        m = mf.load(gen_dir / unit.name)
+        sizes = {r["path"]: r["size"] for r in m.get("open_files") or []}
+        for i, path in enumerate(dict.fromkeys(p for p in outputs if p)):
+            if path in sizes:
+                rel = f"output/{i}"
+                save_output(path, sizes[path], gen_dir / rel)
+                saved[path] = {"file": rel, "size": sizes[path]}
+    return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"],
+            "saved_output": saved}
+
+
+def prepare(job: dict, gen_dir: Path) -> dict:
+    site = load_site()
+    node = node_name()
+    units = local_units(site.job_run_dir(job["id"], node), node)
+    t0 = time.monotonic()
+    outputs = [job.get("std_out", ""), job.get("std_err", "")]
+    with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
+        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs) for u in units]
+        done, errors = [], []
+        for f in futures:
+            try:
+                done.append(f.result())
+            except GpucrError as e:
+                errors.append(e.one_line())
+            except Exception as e:  # noqa: BLE001 - any failure is a "no" vote
+                errors.append(f"{type(e).__name__}: {e}")
+    return {"node": node, "ok": not errors, "units": done, "errors": errors,
+            "prepare_s": time.monotonic() - t0}
+
+
+def job_manifest(job: dict, gen_dir: Path, reports: list[dict]) -> dict:
+    m = mf.new_manifest(kind="job", vendor=None, gpu=None)
+    units = [u for r in reports for u in r["units"]]
+    m.update({
+        "job": {k: job[k] for k in ("id", "user", "uid", "nodes", "batch_host", "std_out",
+                                    "std_err", "restart_count")},
+        "generation": gen_dir.name,
+        "owner_uid": job["uid"],
+        "units": {u["name"]: {k: v for k, v in u.items() if k != "timings"} for u in units},
+        "nodes": [r["node"] for r in reports],
+        "total_bytes": sum(u["bytes"] for u in units),
+        "prepare_s": max(r["prepare_s"] for r in reports),
+    })
+    for u in units:
+        for path, rec in u.get("saved_output", {}).items():
+            rel = rec["file"]
+            mf.add_file(m, rel, rec["size"], mf.sha256_file(gen_dir / rel))
+    m["total_bytes"] = sum(u["bytes"] for u in units) + sum(
+        f["size"] for f in m["files"].values())
+    return m
+
+
+def run_checkpoint(args) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    job = json.loads(args.job_json)
+    gen_dir = Path(args.gen_dir)
+    try:
+        rep = prepare(job, gen_dir)
+    except GpucrError as e:
+        rep = {"node": node_name(), "ok": False, "units": [], "errors": [e.one_line()],
+               "prepare_s": 0.0}
+    print(json.dumps({"node_report": rep}), flush=True)
+    yes = comm.allreduce(1 if rep["ok"] else 0, op=MPI.MIN)
+    reports = comm.gather(rep, root=0)
+    committed = False
+    if comm.rank == 0:
+        if yes and not any(r["units"] for r in reports):
+            yes, reports[0]["errors"] = 0, ["no process of the job was found on its nodes"]
+        if yes:
+            try:
+                job_images.commit_generation(gen_dir, job_manifest(job, gen_dir, reports))
+                committed = True
+            except (GpucrError, OSError) as e:
+                reports[0]["errors"].append(f"commit failed: {e}")
+    committed = comm.bcast(committed, root=0)
+    if not committed and comm.rank == 0:
+        job_images.discard(gen_dir)  # the processes never stopped: nothing else to undo
+    if comm.rank == 0:
+        errors = [e for r in reports for e in r["errors"]]
+        print(json.dumps({"result": {
+            "committed": committed, "generation": gen_dir.name, "image": str(gen_dir),
+            "errors": errors, "nodes": [r["node"] for r in reports],
+            "units": [u["name"] for r in reports for u in r["units"]],
+            "bytes": sum(u["bytes"] for r in reports for u in r["units"]),
+            "prepare_s": max(r["prepare_s"] for r in reports)}}), flush=True)
+    return 0 if committed else 1
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gpucr_hpc.agent")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("checkpoint")
+    c.add_argument("--job-json", required=True)
+    c.add_argument("--gen-dir", required=True)
+    args = p.parse_args(argv)
+    return run_checkpoint(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Job-level checkpoint, preempt and restore: what `gpucr-hpc checkpoint JOBID` runs.
+
+The work happens in the node agents (agent.py), one per node, started inside
+the job's own allocation; this side picks the generation, launches them and
+reads their reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+from gpucr_hpc import job_images, slurm
+from gpucr_hpc import manifest as mf
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.site import load_site, require_plugin
+
+AGENT_TIMEOUT_S = 600
+
+
+def _job_for_action(jobid: str) -> slurm.Job:
+    job = slurm.show_job(jobid)
+    slurm.check_access(job)
+    return job
+
+
+def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[int, list[dict], str]:
+    """One agent per node of the job, as an overlapping step, in one MPI world."""
+    argv = ["srun", f"--jobid={job.id}", "--overlap", f"--nodes={len(job.nodes)}",
+            f"--ntasks={len(job.nodes)}", "--ntasks-per-node=1", "--mpi=pmix",
+            "--gpucr=off", "--kill-on-bad-exit=0", "--job-name=gpucr-agent",
+            sys.executable, "-m", "gpucr_hpc.agent", *agent_args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_SPANK_")}
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise GpucrError(f"the node agents of job {job.id} did not finish in {AGENT_TIMEOUT_S} s",
+                         "see the slurmd logs of the job's nodes; the job was left running") from e
+    lines = []
+    for line in out.stdout.splitlines():
+        try:
+            lines.append(json.loads(line))
+        except ValueError:
+            continue
+    return out.returncode, lines, out.stderr
+
+
+def checkpoint(jobid: str) -> dict:
+    t0 = time.monotonic()
+    site = load_site()
+    require_plugin(site)
+    job = _job_for_action(jobid)
+    if not job.running:
+        raise GpucrError(f"job {jobid} is {job.state}, not RUNNING",
+                         "only a running job can be checkpointed")
+    gen_dir = job_images.new_generation(site.job_image_dir(job.id), job.uid)
+    job_json = json.dumps({k: v for k, v in asdict(job).items() if k != "raw"})
+    rc, lines, stderr = launch_agents(job, ["checkpoint", "--job-json", job_json,
+                                            "--gen-dir", str(gen_dir)])
+    result = next((l["result"] for l in lines if "result" in l), None)
+    if result is None:
+        if gen_dir.exists() and not (gen_dir / mf.COMMITTED).exists():
+            job_images.discard(gen_dir)
+        why = stderr.strip().splitlines()[-1] if stderr.strip() else f"srun exit {rc}"
+        raise GpucrError(f"checkpoint of job {jobid} aborted: the node agents failed ({why})",
+                         "the job was left running; see the slurmd logs of its nodes")
+    result["total_s"] = time.monotonic() - t0
+    result["node_reports"] = [l["node_report"] for l in lines if "node_report" in l]
+    if not result["committed"]:
+        raise GpucrError(f"checkpoint of job {jobid} aborted: {'; '.join(result['errors'])}",
+                         "the job was left running and the previous checkpoint is intact")
+    return result
+
+
+def preempt(jobid: str) -> dict:
+    """Checkpoint, then requeue: the job restarts from this checkpoint."""
+    result = checkpoint(jobid)
+    t = time.monotonic()
+    slurm.requeue(jobid)
+    result["requeue_s"] = time.monotonic() - t
+    return result
+
+
+def restore(jobid: str, gen: int | None = None) -> dict:
+    """Restore a job that is not running from a committed generation (default: the newest).
+
+    Marks the generation to restore and requeues the job; when it starts again,
+    the plugin restores it from that generation instead of running the script.
+    """
+    site = load_site()
+    require_plugin(site)
+    job = _job_for_action(jobid)
+    if job.running:
+        raise GpucrError(f"job {jobid} is running", "preempt it instead (gpucr-hpc preempt JOBID)")
+    job_dir = site.job_image_dir(job.id)
+    target = job_images.restore_target(job_dir, gen)
+    mf.load(target)  # committed and intact manifest, or a one-line error
+    mf.write_atomic(job_dir / job_images.RESTORE, f"{target.name}\n".encode(), mode=0o644)
+    if job.state == "PENDING":
+        return {"job": job.id, "generation": target.name, "requeued": False}
+    slurm.requeue(jobid)
+    return {"job": job.id, "generation": target.name, "requeued": True}

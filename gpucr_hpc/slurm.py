@@ -1,0 +1,111 @@
+"""Slurm access through its command line, which works with every Slurm version.
+
+(pyslurm would be the other backend, but it only builds against the Slurm
+release of the same major.minor, and PyPI has none for the 22.05 that Debian 12
+ships; the CLI is the backend that always works.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+
+from gpucr_hpc.errors import GpucrError
+
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+@dataclass
+class Job:
+    id: str
+    state: str
+    uid: int
+    user: str
+    nodes: list[str]
+    batch_host: str
+    restart_count: int
+    partition: str
+    std_out: str
+    std_err: str
+    requeue: bool
+    raw: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING"
+
+
+def run(*argv: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise GpucrError(f"{argv[0]} not found", "install the Slurm client commands or fix PATH")
+    except subprocess.TimeoutExpired:
+        raise GpucrError(f"{' '.join(argv[:3])} did not answer in {timeout:.0f} s",
+                         "check that slurmctld runs (scontrol ping)")
+    if check and out.returncode != 0:
+        msg = (out.stderr.strip() or out.stdout.strip()).splitlines()
+        raise GpucrError(f"{' '.join(argv[:3])} failed: {msg[-1] if msg else out.returncode}",
+                         "check the job id and that slurmctld runs")
+    return out
+
+
+def parse_one_line(text: str) -> dict:
+    """`scontrol show ... -o`: unquoted Key=Value pairs; values may hold spaces."""
+    pairs = re.split(r" (?=[A-Za-z:/]+=)", text.strip())
+    out = {}
+    for p in pairs:
+        k, _, v = p.partition("=")
+        out[k] = v
+    return out
+
+
+def hostnames(nodelist: str) -> list[str]:
+    if not nodelist or nodelist == "(null)":
+        return []
+    return run("scontrol", "show", "hostnames", nodelist).stdout.split()
+
+
+def show_job(jobid: str) -> Job:
+    if not re.fullmatch(r"\d+", str(jobid)):
+        raise GpucrError(f"'{jobid}' is not a job id", "give the numeric Slurm job id")
+    out = run("scontrol", "show", "job", "-o", str(jobid), check=False)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise GpucrError(f"no job {jobid} known to Slurm",
+                         "check the id with squeue; finished jobs are forgotten after MinJobAge")
+    d = parse_one_line(out.stdout.splitlines()[0])
+    user, _, uid = d.get("UserId", "?(-1)").partition("(")
+    return Job(
+        id=str(jobid), state=d.get("JobState", "UNKNOWN"), uid=int(uid.rstrip(")") or -1),
+        user=user, nodes=hostnames(d.get("NodeList", "")), batch_host=d.get("BatchHost", ""),
+        restart_count=int(d.get("Restarts", "0") or 0), partition=d.get("Partition", ""),
+        std_out=d.get("StdOut", ""), std_err=d.get("StdErr", ""),
+        requeue=d.get("Requeue", "1") == "1", raw=d)
+
+
+def check_access(job: Job) -> None:
+    """Only root and the job's owner may act on a job."""
+    me = os.geteuid()
+    if me not in (0, job.uid):
+        raise GpucrError(f"job {job.id} belongs to {job.user} (uid {job.uid}), you are uid {me}",
+                         "only the job's owner or root can checkpoint, restore or signal it")
+
+
+def requeue(jobid: str) -> None:
+    run("scontrol", "requeue", str(jobid))
+
+
+def requeue_hold(jobid: str, reason: str) -> None:
+    run("scontrol", "requeuehold", str(jobid))
+    run("scontrol", "update", f"JobId={jobid}", f"Comment={reason[:200]}", check=False)
+
+
+def suspend(jobid: str) -> None:
+    run("scontrol", "suspend", str(jobid))
+
+
+def resume(jobid: str) -> None:
+    run("scontrol", "resume", str(jobid))
