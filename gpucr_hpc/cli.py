@@ -4,6 +4,7 @@ Each group of commands lives in its own module and is registered here, so this
 file stays a table of contents.
 """
 
+import os
 import sys
 
 import click
@@ -23,8 +24,20 @@ from gpucr_hpc.cmd_migrate import checkpoint as _migrate_checkpoint, restore as 
 cli.add_command(_migrate_checkpoint)
 cli.add_command(_migrate_restore)
 
+from gpucr_hpc import cmd_process  # noqa: E402
+
+cli.add_command(cmd_process.run)
+cli.add_command(cmd_process.checkpoint)  # in place; --to DIR hands over to migrate
+cli.add_command(cmd_process.restore)  # in place; --from DIR hands over to migrate
+cli.add_command(cmd_process.status)
+
 
 def main():
+    if os.environ.get("GPUCR_RESTORE_BATCH") == "1":
+        # Started by the SPANK plugin in place of a requeued job's batch script.
+        from gpucr_hpc import batch_restore
+
+        sys.exit(batch_restore.main())
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

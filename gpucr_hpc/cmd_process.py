@@ -1,0 +1,137 @@
+"""`gpucr-hpc run / checkpoint --pid / restore --pid / status`: one machine, no Slurm."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.process_cr import DEFAULT_TIMEOUT_MS, checkpoint_tree, restore_tree, status_all
+from gpucr_hpc.shim_client import default_run_dir, shim_library
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _phases_line(phases: dict) -> str:
+    order = ["quiesce_s", "data_s", "control_s", "total_s"]
+    return ", ".join(f"{k[:-2]} {phases[k]:.3f} s" for k in order if k in phases)
+
+
+def shim_environment(env: dict, arena: str | None = None, run_dir: str | None = None) -> dict:
+    """env with the shim first in LD_PRELOAD (once) and the GPUCR_* settings."""
+    env = dict(env)
+    lib = str(shim_library())
+    preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split()
+               if p and os.path.basename(p) != "libgpucr-cuda.so"]
+    env["LD_PRELOAD"] = " ".join([lib] + preload)
+    if arena:
+        env["GPUCR_ARENA_DIR"] = arena
+    env["GPUCR_RUN_DIR"] = str(run_dir or default_run_dir())
+    return env
+
+
+run_dir_option = click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+                              help="Where the control sockets are (default: $GPUCR_RUN_DIR, "
+                                   "$XDG_RUNTIME_DIR/gpucr or /tmp/gpucr-UID).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.option("--arena", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Directory for the pinned host arena: a hugetlbfs mount for huge pages "
+                   "(default: /dev/shm).")
+@run_dir_option
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(arena, run_dir, cmd):
+    """Run CMD under the shim (it keeps this PID), ready for checkpoint --pid."""
+    env = shim_environment(os.environ, arena, str(run_dir) if run_dir else None)
+    try:
+        os.execvpe(cmd[0], list(cmd), env)
+    except FileNotFoundError:
+        raise GpucrError(f"command not found: {cmd[0]}", "check the command after --")
+    except PermissionError:
+        raise GpucrError(f"cannot execute {cmd[0]}", "check its permissions")
+
+
+def _migrate():
+    """The whole-process migration options (--to/--from), when that part is present."""
+    try:
+        from gpucr_hpc import migrate
+    except ImportError:
+        return None
+    return migrate
+
+
+_m = _migrate()
+_checkpoint_options = _m.checkpoint_options if _m else json_option
+_restore_options = _m.restore_options if _m else json_option
+
+
+@click.command()
+@click.option("--pid", type=int, required=True, help="The process (and its children) to checkpoint.")
+@click.option("--timeout", "timeout_ms", type=int, default=DEFAULT_TIMEOUT_MS, show_default=True,
+              help="Quiesce / driver lock timeout in milliseconds.")
+@run_dir_option
+@_checkpoint_options
+def checkpoint(pid, timeout_ms, run_dir, as_json, to_dir=None, leave_running=False):
+    """Checkpoint a running process: in place (its GPU memory is handed back), or
+    with --to DIR to a whole-process image."""
+    if to_dir:
+        return _m.run_checkpoint(pid, to_dir, leave_running, as_json)
+    if leave_running:
+        raise GpucrError("--leave-running only applies with --to DIR", "add --to DIR or drop --leave-running")
+    result = checkpoint_tree(pid, timeout_ms=timeout_ms, run_dir=run_dir)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    n = len([p for p in result["processes"] if p["shim"] or p["cuda"]])
+    click.echo(f"checkpointed {pid} ({n} process{'es' if n != 1 else ''}, {_gib(result['bytes'])}): "
+               f"{_phases_line(result['phases'])}")
+
+
+@click.command()
+@click.option("--pid", type=int, default=None, help="The process (and its children) checkpointed in place.")
+@run_dir_option
+@_restore_options
+def restore(pid, run_dir, as_json, from_dir=None, pidns="auto", rewind_files=False):
+    """Restore a process checkpointed in place (--pid PID; it continues where it
+    stopped), or a whole-process image (--from DIR)."""
+    if from_dir:
+        if pid is not None:
+            raise GpucrError("give either --pid or --from, not both", "drop one of them")
+        return _m.run_restore(from_dir, pidns, rewind_files, as_json)
+    if pid is None:
+        raise GpucrError("restore needs --pid PID (in place) or --from DIR (image)", "add one of them")
+    result = restore_tree(pid, run_dir=run_dir)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    click.echo(f"restored {pid} ({_gib(result['bytes'])}): {_phases_line(result['phases'])}")
+
+
+@click.command()
+@run_dir_option
+@json_option
+def status(run_dir, as_json):
+    """List the processes running under the shim: state, GPU bytes, arena bytes."""
+    rows = status_all(run_dir)
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        click.echo(f"no process runs under the shim (run dir {run_dir or default_run_dir()})")
+        return
+    click.echo(f"{'PID':>8}  {'STATE':<13} {'GPU':>10} {'ARENA':>10}  CMD")
+    for r in rows:
+        if not r.get("ok"):
+            click.echo(f"{r['pid']:>8}  {'unreachable':<13} {'-':>10} {'-':>10}  {r.get('cmd', '')[:60]}")
+            continue
+        gpu = r.get("gpu_bytes", 0) + r.get("checkpointed_bytes", 0) + r.get("async_bytes", 0)
+        state = r["state"] if r.get("cuda") or r["state"] != "running" else "running(cpu)"
+        click.echo(f"{r['pid']:>8}  {state:<13} {_gib(gpu):>10} {_gib(r.get('arena_bytes', 0)):>10}  "
+                   f"{r.get('cmd', '')[:60]}")

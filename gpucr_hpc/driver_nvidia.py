@@ -1,0 +1,81 @@
+"""The NVIDIA driver checkpoint API (cuda-python), applied to another process.
+
+`cuCheckpointProcessLock/Checkpoint/Restore/Unlock/GetState` act on a PID: after
+lock + checkpoint the process holds no GPU state (its VRAM is handed back), and
+restore + unlock bring it back. Some cuda-bindings releases lack parts of it
+(FACTS.md): 13.0.0/13.0.1 have no cuCheckpointProcessRestore, 13.3.0 no
+CUcheckpointRestoreArgs. `NvidiaDriver()` checks for them and says so.
+"""
+
+from __future__ import annotations
+
+from gpucr_hpc.errors import GpucrError
+
+FIX_BINDINGS = "install cuda-python >= 13.3.1 (pip install 'gpucr-hpc[nvidia]')"
+
+STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
+
+
+def load_bindings():
+    """The cuda.bindings.driver module, checked for the checkpoint API."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # cuda-python < 12.6 layout
+        except ImportError:
+            raise GpucrError("cuda-python is not installed (needed for the driver checkpoint API)",
+                             FIX_BINDINGS)
+    try:
+        from cuda.bindings import __version__ as version
+    except ImportError:
+        version = "unknown"
+    missing = [name for name in ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
+                                 "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock",
+                                 "cuCheckpointProcessGetState", "CUcheckpointLockArgs",
+                                 "CUcheckpointRestoreArgs")
+               if not hasattr(driver, name)]
+    if missing:
+        raise GpucrError(f"cuda-bindings {version} lacks {', '.join(missing)}", FIX_BINDINGS)
+    return driver
+
+
+class NvidiaDriver:
+    """Driver checkpoint calls on other processes (same machine, same user or root)."""
+
+    def __init__(self):
+        self.cu = load_bindings()
+        self._check(self.cu.cuInit(0), "cuInit")
+
+    def _check(self, result, what: str, pid: int | None = None):
+        err = result[0] if isinstance(result, tuple) else result
+        if int(err) == 0:
+            return result[1] if isinstance(result, tuple) and len(result) > 1 else None
+        try:
+            name = self.cu.cuGetErrorName(err)[1].decode()
+        except Exception:  # noqa: BLE001 - only for the message
+            name = str(err)
+        who = f" of process {pid}" if pid is not None else ""
+        raise GpucrError(f"{what}{who} failed: {name} ({int(err)})",
+                         "see the driver's limits in the docs (managed memory, IPC, MPS are not supported)")
+
+    def state(self, pid: int) -> str | None:
+        """running/locked/checkpointed/failed, or None when PID uses no CUDA."""
+        result = self.cu.cuCheckpointProcessGetState(pid)
+        if int(result[0]) != 0:
+            return None
+        return STATES.get(int(result[1]), str(int(result[1])))
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        args = self.cu.CUcheckpointLockArgs()
+        args.timeoutMs = int(timeout_ms)
+        self._check(self.cu.cuCheckpointProcessLock(pid, args), "driver lock", pid)
+
+    def checkpoint(self, pid: int) -> None:
+        self._check(self.cu.cuCheckpointProcessCheckpoint(pid, None), "driver checkpoint", pid)
+
+    def restore(self, pid: int) -> None:
+        self._check(self.cu.cuCheckpointProcessRestore(pid, None), "driver restore", pid)
+
+    def unlock(self, pid: int) -> None:
+        self._check(self.cu.cuCheckpointProcessUnlock(pid, None), "driver unlock", pid)

@@ -1,0 +1,255 @@
+"""In-place checkpoint and restore of one process tree on this machine.
+
+Checkpoint, each phase timed:
+  quiesce + data  every shimmed process of the tree, in parallel: the shim closes
+                  its API gate, drains and synchronizes, copies its GPU memory into
+                  its pinned host arena and releases it (addresses kept);
+  control         the driver checkpoint API on every CUDA process of the tree:
+                  lock all, then checkpoint all (VRAM handed back).
+Any failure undoes what was done, in reverse, and the tree keeps running.
+
+Restore is the mirror: driver restore + unlock, then the shims copy the data
+back at the same addresses and reopen their gates.
+
+`checkpoint_tree()` / `restore_tree()` are the entry points; the job-level and
+migration commands build on `Target`, `shim_checkpoint()`, `driver_checkpoint()`,
+`driver_restore()` and `shim_restore()`.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.shim_client import ShimClient, pid_alive, shimmed_pids
+
+DEFAULT_TIMEOUT_MS = 10_000
+
+
+@dataclass
+class Target:
+    """One process of the tree and what is known about it."""
+
+    pid: int
+    shim: bool = False        # has a control socket
+    cuda: bool = False        # uses the GPU driver
+    shim_state: str = ""      # running / checkpointed (shim's view)
+    driver_state: str | None = None
+    result: dict = field(default_factory=dict)
+
+
+def process_tree(pid: int) -> list[int]:
+    """PID and all its descendants (from /proc), root first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        # the command name may contain spaces and parentheses: split after the last ')'
+        fields = text[text.rfind(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    order, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        order.append(p)
+        todo.extend(sorted(children.get(p, [])))
+    return order
+
+
+def _driver():
+    from gpucr_hpc.driver_nvidia import NvidiaDriver
+
+    return NvidiaDriver()
+
+
+def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True):
+    """The targets of PID's tree, and the driver (None when no process needs it)."""
+    if not pid_alive(pid):
+        raise GpucrError(f"no process {pid}", "check the PID")
+    shimmed = set(shimmed_pids(run_dir))
+    targets = []
+    for p in process_tree(pid):
+        t = Target(p, shim=p in shimmed)
+        if t.shim:
+            st = ShimClient(p, run_dir).status()
+            t.cuda, t.shim_state = bool(st.get("cuda")), st.get("state", "")
+        targets.append(t)
+    unknown = [t for t in targets if not t.shim]
+    driver = None
+    if need_driver and (unknown or any(t.cuda for t in targets)):
+        try:
+            driver = _driver()
+        except GpucrError:
+            if any(t.cuda for t in targets):
+                raise
+            driver = None  # no cuda-python, and no shim says CUDA is in use
+    if driver:
+        for t in targets:
+            t.driver_state = driver.state(t.pid)
+            t.cuda = t.cuda or t.driver_state is not None
+    if not any(t.shim or t.cuda for t in targets):
+        raise GpucrError(f"process {pid} has no GPU process and no gpucr shim in its tree",
+                         "start the program with `gpucr-hpc run -- CMD`")
+    return targets, driver
+
+
+def _parallel(fn, items):
+    items = list(items)
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
+        futures = [pool.submit(fn, it) for it in items]
+        out = []
+        for f in futures:
+            try:
+                out.append((f.result(), None))
+            except GpucrError as e:
+                out.append((None, e))
+        return out
+
+
+def shim_checkpoint(targets, timeout_ms: int, run_dir: Path | None = None) -> list[Target]:
+    """Quiesce + data on every shimmed target; on any refusal, restore the others."""
+    todo = [t for t in targets if t.shim and t.shim_state == "running"]
+
+    def one(t):
+        r = ShimClient(t.pid, run_dir).checkpoint(timeout_ms)
+        t.result["checkpoint"] = r
+        if not r.get("ok"):
+            raise GpucrError(f"process {t.pid}: {r.get('error', 'checkpoint failed')}", "")
+        t.shim_state = "checkpointed"
+        return t
+
+    results = _parallel(one, todo)
+    errors = [e for _, e in results if e]
+    if errors:
+        shim_restore([t for t in todo if t.shim_state == "checkpointed"], run_dir)
+        raise errors[0]
+    return todo
+
+
+def shim_restore(targets, run_dir: Path | None = None) -> None:
+    todo = [t for t in targets if t.shim and t.shim_state == "checkpointed"]
+
+    def one(t):
+        r = ShimClient(t.pid, run_dir).restore()
+        t.result["restore"] = r
+        if not r.get("ok"):
+            raise GpucrError(f"process {t.pid}: {r.get('error', 'restore failed')}", "")
+        t.shim_state = "running"
+        return t
+
+    errors = [e for _, e in _parallel(one, todo) if e]
+    if errors:
+        raise errors[0]
+
+
+def driver_checkpoint(driver, targets, timeout_ms: int) -> None:
+    """Lock every CUDA target, then checkpoint each; undo on failure."""
+    todo = [t for t in targets if t.cuda and t.driver_state == "running"]
+    locked, done = [], []
+    try:
+        for t in todo:
+            driver.lock(t.pid, timeout_ms)
+            t.driver_state = "locked"
+            locked.append(t)
+        errors = [e for _, e in _parallel(lambda t: (driver.checkpoint(t.pid), done.append(t)), locked) if e]
+        for t in done:
+            t.driver_state = "checkpointed"
+        if errors:
+            raise errors[0]
+    except GpucrError:
+        for t in done:
+            try:
+                driver.restore(t.pid)
+                t.driver_state = "locked"
+            except GpucrError:
+                pass
+        for t in locked:
+            try:
+                driver.unlock(t.pid)
+                t.driver_state = "running"
+            except GpucrError:
+                pass
+        raise
+
+
+def driver_restore(driver, targets) -> None:
+    todo = [t for t in targets if t.cuda and t.driver_state in ("checkpointed", "locked")]
+    errors = [e for _, e in _parallel(lambda t: driver.restore(t.pid) if t.driver_state == "checkpointed" else None,
+                                      todo) if e]
+    if errors:
+        raise errors[0]
+    for t in todo:
+        driver.unlock(t.pid)
+        t.driver_state = "running"
+
+
+def _summary(pid, targets, phases, t0, key) -> dict:
+    procs = []
+    for t in targets:
+        r = t.result.get(key, {})
+        procs.append({"pid": t.pid, "shim": t.shim, "cuda": t.cuda, "bytes": r.get("bytes", 0),
+                      **{k: r[k] for k in ("quiesce_s", "data_s", "allocations", "driver_path_bytes")
+                         if k in r}})
+    phases["total_s"] = time.monotonic() - t0
+    return {"pid": pid, "processes": procs, "bytes": sum(p["bytes"] for p in procs),
+            "phases": {k: round(v, 6) for k, v in phases.items()}}
+
+
+def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Path | None = None) -> dict:
+    """Checkpoint PID and its descendants in place: VRAM handed back, process kept."""
+    t0 = time.monotonic()
+    targets, driver = discover(pid, run_dir)
+    if any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed") for t in targets):
+        raise GpucrError(f"process {pid} is already checkpointed", f"restore it with `gpucr-hpc restore --pid {pid}`")
+    phases = {}
+    shim_checkpoint(targets, timeout_ms, run_dir)
+    done = [t.result.get("checkpoint", {}) for t in targets]
+    phases["quiesce_s"] = max([r.get("quiesce_s", 0.0) for r in done] or [0.0])
+    phases["data_s"] = max([r.get("data_s", 0.0) for r in done] or [0.0])
+    t1 = time.monotonic()
+    if driver:
+        try:
+            driver_checkpoint(driver, targets, timeout_ms)
+        except GpucrError as e:
+            shim_restore(targets, run_dir)
+            raise GpucrError(f"{e.cause}; checkpoint aborted, the processes keep running", e.fix)
+    phases["control_s"] = time.monotonic() - t1
+    return _summary(pid, targets, phases, t0, "checkpoint")
+
+
+def restore_tree(pid: int, run_dir: Path | None = None) -> dict:
+    """Restore PID and its descendants checkpointed in place."""
+    t0 = time.monotonic()
+    targets, driver = discover(pid, run_dir)
+    if not any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed") for t in targets):
+        raise GpucrError(f"process {pid} is not checkpointed", "nothing to restore")
+    phases = {}
+    if driver:
+        driver_restore(driver, targets)
+    phases["control_s"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    shim_restore(targets, run_dir)
+    phases["data_s"] = time.monotonic() - t1
+    return _summary(pid, targets, phases, t0, "restore")
+
+
+def status_all(run_dir: Path | None = None) -> list[dict]:
+    """The shim status of every shimmed process in the run dir."""
+    out = []
+    for pid in shimmed_pids(run_dir):
+        try:
+            st = ShimClient(pid, run_dir, timeout=5.0).status()
+        except GpucrError as e:
+            st = {"ok": False, "pid": pid, "error": e.cause}
+        try:
+            st["cmd"] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            st["cmd"] = ""
+        out.append(st)
+    return out

@@ -1,0 +1,132 @@
+"""Talking to the shim in a process: its control socket, one JSON object per line.
+
+Every process running under `libgpucr-cuda.so` serves `<run dir>/<pid>.sock`.
+The run dir is `$GPUCR_RUN_DIR`, else `$XDG_RUNTIME_DIR/gpucr`, else
+`/tmp/gpucr-<uid>` — the same rule the shim applies (shim/control.c).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+from gpucr_hpc.errors import GpucrError
+
+SHIM_NAME = "libgpucr-cuda.so"
+
+
+def default_run_dir() -> Path:
+    env = os.environ.get("GPUCR_RUN_DIR")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        return Path(xdg) / "gpucr"
+    return Path(f"/tmp/gpucr-{os.getuid()}")
+
+
+def shim_library() -> Path:
+    """Where libgpucr-cuda.so is: $GPUCR_SHIM, the source tree, or an install."""
+    candidates = []
+    if os.environ.get("GPUCR_SHIM"):
+        candidates.append(Path(os.environ["GPUCR_SHIM"]))
+    candidates += [
+        Path(__file__).resolve().parent.parent / "shim" / SHIM_NAME,
+        Path("/usr/local/lib/gpucr") / SHIM_NAME,
+        Path("/usr/lib/gpucr") / SHIM_NAME,
+    ]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise GpucrError(f"the shim {SHIM_NAME} was not found",
+                     "build it with `make -C shim` or point GPUCR_SHIM at it")
+
+
+def socket_path(pid: int, run_dir: Path | None = None) -> Path:
+    return (run_dir or default_run_dir()) / f"{pid}.sock"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def shimmed_pids(run_dir: Path | None = None, clean: bool = True) -> list[int]:
+    """PIDs with a control socket in the run dir; stale sockets are removed."""
+    d = run_dir or default_run_dir()
+    pids = []
+    try:
+        entries = list(d.iterdir())
+    except (FileNotFoundError, PermissionError):
+        return []
+    for e in entries:
+        if e.suffix != ".sock" or not e.stem.isdigit():
+            continue
+        pid = int(e.stem)
+        if pid_alive(pid):
+            pids.append(pid)
+        elif clean:
+            try:
+                e.unlink()
+            except OSError:
+                pass
+    return sorted(pids)
+
+
+class ShimClient:
+    """One connection to the shim of one process."""
+
+    def __init__(self, pid: int, run_dir: Path | None = None, timeout: float = 30.0):
+        self.pid = pid
+        self.path = socket_path(pid, run_dir)
+        self.timeout = timeout
+
+    def request(self, cmd: str, timeout: float | None = None, **fields) -> dict:
+        msg = json.dumps({"cmd": cmd, **fields}) + "\n"
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(timeout or self.timeout)
+        try:
+            s.connect(str(self.path))
+            s.sendall(msg.encode())
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+        except FileNotFoundError:
+            raise GpucrError(f"process {self.pid} has no gpucr control socket ({self.path})",
+                             "start it with `gpucr-hpc run -- CMD` (or check GPUCR_RUN_DIR)")
+        except PermissionError:
+            raise GpucrError(f"not allowed to talk to process {self.pid}",
+                             "run as the process owner or root")
+        except socket.timeout:
+            raise GpucrError(f"process {self.pid} did not answer within {timeout or self.timeout:.0f} s",
+                             "the process may be stopped or stuck; check it with `gpucr-hpc status`")
+        except ConnectionRefusedError:
+            raise GpucrError(f"process {self.pid} does not answer on {self.path}",
+                             "the process may have exited; `gpucr-hpc status` cleans stale sockets")
+        finally:
+            s.close()
+        if not buf:
+            raise GpucrError(f"process {self.pid} closed the control socket without answering",
+                             "run as the process owner or root")
+        return json.loads(buf.decode())
+
+    def status(self) -> dict:
+        return self.request("status")
+
+    def checkpoint(self, timeout_ms: int) -> dict:
+        # the socket wait covers quiesce plus the data copy
+        return self.request("checkpoint", timeout=max(60.0, timeout_ms / 1000 * 2 + 600),
+                            timeout_ms=timeout_ms)
+
+    def restore(self) -> dict:
+        return self.request("restore", timeout=900.0)

@@ -1,0 +1,50 @@
+"""Building the shim once per test session, and running processes under it."""
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHIM_DIR = REPO / "shim"
+SHIM = SHIM_DIR / "libgpucr-cuda.so"
+CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+
+_built = None
+
+
+def build_shim() -> Path:
+    """make -C shim; skips the test when the CUDA headers are not installed."""
+    global _built
+    if _built is None:
+        if not (CUDA_HOME / "include" / "cuda.h").is_file():
+            pytest.skip(f"CUDA headers not found in {CUDA_HOME}/include (needed to build the shim)")
+        r = subprocess.run(["make", "-s", "-C", str(SHIM_DIR)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        _built = SHIM
+    return _built
+
+
+def shim_env(run_dir: Path, **extra) -> dict:
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = str(build_shim())
+    env["GPUCR_RUN_DIR"] = str(run_dir)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def wait_for(path: Path, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def gpucr_cli() -> list:
+    exe = shutil.which("gpucr-hpc")
+    return [exe] if exe else ["python3", "-m", "gpucr_hpc"]

@@ -1,0 +1,95 @@
+"""The shim builds, its C unit tests pass, it exports the hooks, and loading it
+into programs that do not use CUDA changes nothing."""
+
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+from shim_helpers import SHIM, SHIM_DIR, build_shim, shim_env
+
+
+def test_c_unit_tests():
+    r = subprocess.run(["make", "-s", "-C", str(SHIM_DIR), "test"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("gate blocks new calls while closed", "gate close timeout reopens", "phys/map",
+                 "arena reuse", "arena growth", "parse", "dispatch", "fork"):
+        assert f"ok {name}" in r.stdout
+
+
+def test_missing_cuda_headers_fail_with_one_line():
+    r = subprocess.run(["make", "-s", "-C", str(SHIM_DIR), "CUDA_HOME=/nonexistent/cuda", "libgpucr-cuda.so"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0
+    lines = [ln for ln in r.stderr.splitlines() if "cuda.h" in ln]
+    assert len(lines) == 1 and "/nonexistent/cuda/include" in lines[0]
+
+
+def test_not_linked_against_libcuda_and_exports_hooks():
+    lib = build_shim()
+    needed = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+    assert "libcuda" not in needed
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True, text=True).stdout.split()
+    for name in ("dlsym", "cuGetProcAddress", "cuGetProcAddress_v2", "cuMemAlloc_v2", "cuMemFree_v2",
+                 "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease", "cuMemSetAccess",
+                 "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocAsync_ptsz", "cuLaunchKernel",
+                 "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuGraphLaunch", "cuLaunchHostFunc",
+                 "cuMemcpyHtoD_v2", "cuMemcpyAsync_ptsz", "cuMemsetD8Async", "cuMemAllocManaged",
+                 "cuIpcGetMemHandle", "cuMemExportToShareableHandle"):
+        assert name in syms, name
+    # internal helpers stay hidden
+    assert "gpucr_gate_enter" not in syms
+
+
+def test_harmless_in_cpu_programs(tmp_path):
+    env = shim_env(tmp_path / "run")
+    script = "import os, subprocess; print(subprocess.run(['sh', '-c', 'echo $((6*7))'], capture_output=True, text=True).stdout.strip()); print('libcuda' in open('/proc/self/maps').read())"
+    plain = subprocess.run(["python3", "-c", script], capture_output=True, text=True)
+    shimmed = subprocess.run(["python3", "-c", script], capture_output=True, text=True, env=env)
+    assert shimmed.returncode == 0, shimmed.stderr
+    assert shimmed.stdout == plain.stdout == "42\nFalse\n"
+    assert shimmed.stderr == ""
+
+
+def test_dlsym_rtld_next_of_other_libraries_still_right(tmp_path):
+    """A second preloaded library that wraps getpid with dlsym(RTLD_NEXT) must get
+    libc's getpid, not its own (which would recurse forever)."""
+    build_shim()
+    src = tmp_path / "wrap.c"
+    src.write_text(textwrap.dedent("""
+        #define _GNU_SOURCE
+        #include <dlfcn.h>
+        #include <unistd.h>
+        pid_t getpid(void) {
+            pid_t (*next)(void) = (pid_t (*)(void))dlsym(RTLD_NEXT, "getpid");
+            return next() + 1000000;
+        }
+    """))
+    wrap = tmp_path / "libwrap.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(wrap), str(src), "-ldl"], check=True)
+    env = shim_env(tmp_path / "run", GPUCR_CONTROL=0)
+    env["LD_PRELOAD"] = f"{SHIM} {wrap}"
+    r = subprocess.run(["python3", "-c", "import os, ctypes; print(ctypes.CDLL(None).getpid() - os.getppid() > 0)"],
+                       capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    out = subprocess.run(["python3", "-c", "import ctypes; print(ctypes.CDLL(None).getpid())"],
+                         capture_output=True, text=True, env=env, timeout=30)
+    assert out.returncode == 0 and int(out.stdout) > 1000000
+
+
+def test_driver_calls_without_a_driver_fail_cleanly(tmp_path):
+    """With no libcuda on the machine, a hooked entry point returns an error
+    (CUDA_ERROR_NOT_INITIALIZED = 3) instead of crashing."""
+    try:
+        import ctypes
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("libcuda.so.1 is installed here")
+    except OSError:
+        pass
+    env = shim_env(tmp_path / "run")
+    code = ("import ctypes; lib = ctypes.CDLL(None); p = ctypes.c_uint64(); "
+            "print(lib.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 20)), lib.cuLaunchKernel_ptsz(*([None] * 11)))")
+    r = subprocess.run(["python3", "-c", code], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["3", "3"]
