@@ -28,6 +28,8 @@ class Site:
     arena: str = "/dev/shm"
     gpu_feature: str = ""
     vendor: str = ""
+    cli: str = "/usr/local/bin/gpucr-hpc"
+    bindir: str = "/usr/local/lib/gpucr/bin"
 
     def run_dir_root(self, node: str | None = None) -> Path:
         """The node-local run-dir root, with %n/%h expanded as the plugin does."""

@@ -14,6 +14,8 @@
 #define DEFAULT_RUNDIR    "/run/gpucr"
 #define DEFAULT_IMAGEROOT "/var/lib/gpucr/images"
 #define DEFAULT_ARENA     "/dev/shm"
+#define DEFAULT_CLI       "/usr/local/bin/gpucr-hpc"
+#define DEFAULT_BINDIR    "/usr/local/lib/gpucr/bin"
 
 struct key {
 	const char *name;
@@ -31,6 +33,8 @@ static const struct key keys[] = {
 	{ "arena",       FIELD(arena),       1 },
 	{ "gpu_feature", FIELD(gpu_feature), 0 },
 	{ "vendor",      FIELD(vendor),      0 },
+	{ "cli",         FIELD(cli),         1 },
+	{ "bindir",      FIELD(bindir),      1 },
 };
 
 static int set_error(struct gpucr_site *site, const char *fmt, const char *arg)
@@ -49,6 +53,8 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 	snprintf(site->rundir, sizeof(site->rundir), "%s", DEFAULT_RUNDIR);
 	snprintf(site->imageroot, sizeof(site->imageroot), "%s", DEFAULT_IMAGEROOT);
 	snprintf(site->arena, sizeof(site->arena), "%s", DEFAULT_ARENA);
+	snprintf(site->cli, sizeof(site->cli), "%s", DEFAULT_CLI);
+	snprintf(site->bindir, sizeof(site->bindir), "%s", DEFAULT_BINDIR);
 
 	for (int i = 0; i < ac; i++) {
 		const char *eq = strchr(av[i], '=');
@@ -62,7 +68,7 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 			}
 		}
 		if (!k) {
-			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor=)", av[i]);
+			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir=)", av[i]);
 			continue;
 		}
 		const char *val = eq + 1;

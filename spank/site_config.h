@@ -15,6 +15,8 @@ struct gpucr_site {
 	char arena[PATH_MAX];       /* arena=DIR        node-local host arena    */
 	char gpu_feature[256];      /* gpu_feature=LIST node features of GPUs    */
 	char vendor[32];            /* vendor=nvidia|amd                         */
+	char cli[PATH_MAX];         /* cli=PATH         the gpucr-hpc command    */
+	char bindir[PATH_MAX];      /* bindir=DIR       holds the srun wrapper   */
 	char error[512];            /* first problem found, "" when none         */
 };
 

@@ -31,6 +31,7 @@
 #include <slurm/spank.h>
 
 #include "option.h"
+#include "restart.h"
 #include "rundir.h"
 #include "site_config.h"
 #include "step_info.h"
@@ -196,6 +197,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (gpucr_task_record(step.rundir, step.name, (uint32_t)localid, getpid(),
 			      rank, step.uid, step.gid, err, sizeof(err)) != 0)
 		task_fail("task registry: %s", err);
+	if (gpucr_batch_task_init(sp, &site, &step, err, sizeof(err)) != 0)
+		task_fail("%s", err);
 	return 0;
 }
 

@@ -1,0 +1,144 @@
+"""Restoring a requeued job inside its new batch step.
+
+When a `--gpucr=on` job starts again (restart count > 0) and its image root
+holds a committed checkpoint, the plugin runs this instead of the batch
+script (it replaces the task's argv[0] with the gpucr-hpc command and sets
+GPUCR_RESTORE_BATCH=1; the original script stays in GPUCR_BATCH_SCRIPT).
+
+1. put the job's output files back as they were at the checkpoint (the new
+   batch step truncated them), so the restored processes find them unchanged;
+2. restore the batch script's tree with CRIU, in a new PID namespace;
+3. restore the ranks of the `srun` step that was running, as a new step with
+   the same layout; when it ends, hand its exit status to the restored srun
+   wrapper, so the script continues after `srun` as if it had returned;
+4. wait for the restored script and exit with its status.
+
+If no checkpoint can be restored, the job is requeued and held with the
+reason, and the image is left as it was (never deleted, never modified).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpucr_hpc import image_store, job_images, migrate, slurm
+from gpucr_hpc import manifest as mf
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.site import load_site
+
+
+def log(msg: str) -> None:
+    """To the slurmd side only: the job's own output must stay byte-identical until restored."""
+    path = os.environ.get("GPUCR_RESTORE_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
+
+
+def check_generation(gen: Path) -> dict:
+    m = mf.load(gen)
+    image_store.verify(gen, m)
+    for name in m.get("units", {}):
+        # Every unit image is committed and intact before anything is touched.
+        image_store.open_image(gen / name)
+    return m
+
+
+def put_back_outputs(gen: Path, m: dict) -> None:
+    for u in m["units"].values():
+        for path, rec in (u.get("saved_output") or {}).items():
+            with open(gen / rec["file"], "rb") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def register(run_dir: Path, unit: dict, pid: int) -> None:
+    """Record a restored unit in this node's task registry, as the plugin does for tasks."""
+    tasks = run_dir / "tasks"
+    tasks.mkdir(parents=True, exist_ok=True, mode=0o700)
+    name = f"{unit['step']}.{unit['rank']}"
+    tmp = tasks / f".{name}.tmp"
+    tmp.write_text(f"pid={pid}\nrank={unit['rank']}\nlocal_id={unit['rank']}\nstep={unit['step']}\n")
+    tmp.rename(tasks / name)
+
+
+def restore_unit(gen: Path, unit: dict, site, jobid: str) -> dict:
+    # The shim's control socket is bound under the run dir of the node it ran on.
+    old_run_dir = site.job_run_dir(jobid, unit["node"])
+    old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True)
+    register(site.job_run_dir(jobid), unit, rep["pid"])
+    return rep
+
+
+def restore_rank_step(gen: Path, m: dict, jobid: str) -> int | None:
+    """The srun step that was running: restored as a new step of the same layout."""
+    ranks = [u for u in m["units"].values() if u["name"].startswith("rank-")]
+    if not ranks:
+        return None
+    nodes = sorted({u["node"] for u in ranks})
+    argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(ranks)}", "--gpucr=off",
+            "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
+            f"--distribution=block", sys.executable, "-m", "gpucr_hpc.rank_restore",
+            "--gen-dir", str(gen)]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE"))}
+    return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
+
+
+def hand_status(m: dict, rc: int) -> None:
+    for path in {u.get("srun_status") for u in m["units"].values() if u.get("srun_status")}:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{rc}\n")
+        os.rename(tmp, path)
+
+
+def main() -> int:
+    jobid = os.environ["SLURM_JOB_ID"]
+    site = load_site()
+    job_dir = site.job_image_dir(jobid)
+    try:
+        gen = job_images.restore_target(job_dir)
+        m = check_generation(gen)
+    except GpucrError as e:
+        reason = f"gpucr: cannot restore job {jobid}: {e.one_line()}"
+        print(reason, file=sys.stderr, flush=True)
+        slurm.requeue_hold(jobid, reason)
+        return 1
+    log(f"restoring job {jobid} from {gen}")
+    t0 = time.monotonic()
+    put_back_outputs(gen, m)
+    for u in m["units"].values():  # a stale status from before the checkpoint must not count
+        if u.get("srun_status"):
+            Path(u["srun_status"]).unlink(missing_ok=True)
+    batch = m["units"].get("batch")
+    launcher = None
+    try:
+        if batch:
+            rep = restore_unit(gen, batch, site, jobid)
+            launcher = rep["_launcher"]
+        (job_dir / job_images.RESTORE).unlink(missing_ok=True)
+        log(f"batch tree restored in {time.monotonic() - t0:.2f} s")
+        rc = restore_rank_step(gen, m, jobid)
+        if rc is not None:
+            hand_status(m, rc)
+    except GpucrError as e:
+        reason = f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}"
+        print(reason, file=sys.stderr, flush=True)
+        if launcher is not None:
+            launcher.kill()
+        slurm.requeue_hold(jobid, reason)
+        return 1
+    if launcher is None:
+        return rc or 0
+    return launcher.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+/*
+ * Restart of a checkpointed job, and the srun wrapper that makes it possible.
+ *
+ * srun: the real srun client holds connections to slurmctld and slurmstepd
+ * that cannot be checkpointed, so inside a --gpucr=on batch script `srun` is
+ * the wrapper in bindir= (put first in PATH here). It runs the real srun
+ * outside the script's process tree and waits for the step's exit status in
+ * a file; a restore hands that status over once the restored ranks end.
+ *
+ * Restart: Slurm runs the batch script again when a job is requeued. If the
+ * job has a committed checkpoint (<imageroot>/<jobid>/LATEST), the task's
+ * argv[0] becomes the gpucr-hpc command (cli=), which restores the job
+ * instead (Slurm 22.05 has no spank_prepend_task_argv; slurmstepd execs
+ * job->argv after task_init, in this child, so replacing argv[0] here
+ * changes only this task).
+ */
+#include "restart.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "task_env.h"
+
+#define ERR(...) (snprintf(err, errlen, __VA_ARGS__), -1)
+
+static int prepend_bindir(spank_t sp, const char *bindir, char *err, size_t errlen)
+{
+	char path[16384], merged[sizeof(path) + 4096];
+
+	if (spank_getenv(sp, "PATH", path, sizeof(path)) != ESPANK_SUCCESS)
+		snprintf(path, sizeof(path), "/usr/bin:/bin");
+	if (snprintf(merged, sizeof(merged), "%s:%s", bindir, path) >= (int)sizeof(merged))
+		return ERR("PATH is too long");
+	if (gpucr_setenv(sp, "PATH", merged) != 0)
+		return ERR("cannot set PATH");
+	return 0;
+}
+
+static int has_checkpoint(const struct gpucr_site *site, uint32_t jobid)
+{
+	char latest[4200];
+
+	snprintf(latest, sizeof(latest), "%s/%u/LATEST", site->imageroot, jobid);
+	return access(latest, R_OK) == 0;
+}
+
+int gpucr_batch_task_init(spank_t sp, const struct gpucr_site *site,
+			  const struct gpucr_step *step, char *err, size_t errlen)
+{
+	char **argv = NULL;
+	int argc = 0;
+	char *cli;
+
+	if (strcmp(step->name, "batch") != 0)
+		return 0;
+	if (prepend_bindir(sp, site->bindir, err, errlen) != 0)
+		return -1;
+	if (step->restart_count == 0 || !has_checkpoint(site, step->jobid))
+		return 0;
+	if (access(site->cli, X_OK) != 0)
+		return ERR("cannot restore: %s (plugstack.conf cli=) is not executable", site->cli);
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 || !argv)
+		return ERR("cannot restore: no batch script argv from Slurm");
+	if (gpucr_setenv(sp, "GPUCR_BATCH_SCRIPT", argv[0]) != 0 ||
+	    gpucr_setenv(sp, "GPUCR_RESTORE_BATCH", "1") != 0)
+		return ERR("cannot restore: cannot set GPUCR_RESTORE_BATCH");
+	cli = strdup(site->cli);
+	if (!cli)
+		return ERR("cannot restore: out of memory");
+	argv[0] = cli;
+	return 0;
+}
