@@ -34,6 +34,7 @@ from gpucr_hpc.errors import GpucrError
 
 MIN_VERSION = (4, 1)
 DEFAULT_WRAPPER = "/opt/gpucr-hpc/bin/criu"
+_PKG_PARENT = str(Path(__file__).resolve().parent.parent)  # pidns_init runs from this package
 INSTALL_FIX = "run scripts/install-deps (as root) to install CRIU >= 4.1, or point GPUCR_CRIU at one"
 
 # Runs inside `criu dump` after the images are written, tasks still frozen.
@@ -128,13 +129,17 @@ class Criu:
                              f"see {work_dir / 'dump.log'}")
 
     def start_restore(self, images_dir: Path, work_dir: Path, *, shell_job: bool,
-                      new_pidns: bool) -> "Restored":
+                      new_pidns: bool, inherit: dict[int, str] | None = None) -> "Restored":
         """Restore a tree; returns once it runs (or raises with CRIU's own error).
 
         In the current PID namespace CRIU detaches (`-d`) and the tree is
-        reparented to init. In a new PID namespace CRIU must stay in the
-        foreground as the namespace's init (if it exits, the kernel kills the
-        namespace), so it runs in its own session and is not waited for.
+        reparented to init. In a new PID namespace the namespace's init is
+        pidns_init, which runs CRIU detached and then waits for the restored
+        root: the launcher returned in `Restored` exits with the root's status.
+
+        `inherit` maps our fds to CRIU keys (`pipe:[123]`, a file path): the
+        restored tree gets our fd where it had that resource (`--inherit-fd`),
+        e.g. the stdio pipes of a new Slurm step in place of the old ones.
         """
         pidfile = work_dir / "restore.pid"
         log = work_dir / "restore.log"
@@ -144,13 +149,17 @@ class Criu:
         ]
         if shell_job:
             args.append("--shell-job")
+        inherit = inherit or {}
+        for fd, key in sorted(inherit.items()):
+            args += ["--inherit-fd", f"fd[{fd}]:{key}"]
+        args.append("-d")
         if new_pidns:
-            args = ["unshare", "-p", "-f", "--mount-proc"] + args
-        else:
-            args.append("-d")
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True,
-                                close_fds=True)
+            args = ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m",
+                    "gpucr_hpc.pidns_init"] + args
+        std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1, 2)]
+        proc = subprocess.Popen(args, stdin=std[0], stdout=std[1], stderr=std[2],
+                                start_new_session=True, close_fds=True,
+                                env=dict(os.environ, PYTHONPATH=_PKG_PARENT))
         deadline = time.monotonic() + 600
         while True:
             text = log.read_text(errors="replace") if log.exists() else ""
@@ -171,6 +180,11 @@ class Criu:
                 _kill_group(proc)
                 raise GpucrError("criu restore did not finish in 600 s", f"see {log}")
             time.sleep(0.01)
+        # CRIU writes its stats after the success line; let it finish with the
+        # work dir before the caller removes it (it stays running in new_pidns).
+        end = time.monotonic() + 5
+        while not (work_dir / "stats-restore").exists() and time.monotonic() < end:
+            time.sleep(0.005)
         ns_pid = int(pidfile.read_text().strip()) if pidfile.exists() else None
         if new_pidns:
             host_pid = _find_ns_root(proc.pid, ns_pid)
@@ -189,11 +203,15 @@ class Restored:
 
 
 def _find_ns_root(unshare_pid: int, ns_pid: int | None) -> int:
-    """The restored root's host PID: a child of CRIU, itself the child of unshare."""
-    for criu_pid in children(unshare_pid):
-        for c in children(criu_pid):
-            if ns_pid is None or nspid(c)[-1] == ns_pid:
-                return c
+    """The restored root's host PID: in unshare's subtree, with its original PID in the namespace."""
+    for _ in range(200):
+        for c in process_tree(unshare_pid)[2:]:  # below unshare and the namespace's init
+            try:
+                if ns_pid is None or nspid(c)[-1] == ns_pid:
+                    return c
+            except OSError:
+                continue
+        time.sleep(0.01)
     raise GpucrError("restored process not found under its PID namespace",
                      "report this as a bug with the restore log")
 
