@@ -53,6 +53,17 @@ def save_output(path: str, size: int, dest: Path) -> None:
         os.fsync(out.fileno())
 
 
+def stdio_of(pid: int) -> dict[str, str]:
+    """What fds 0-2 of the unit's root were: a restore hands the new step's in their place."""
+    out = {}
+    for fd in (0, 1, 2):
+        try:
+            out[str(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
 def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str]) -> dict:
     tree = criu_mod.process_tree(unit.pid)
     foreign = foreign_connections(tree)
@@ -72,7 +83,7 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str]) -> dict:
                 save_output(path, sizes[path], gen_dir / rel)
                 saved[path] = {"file": rel, "size": sizes[path]}
     return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"],
-            "saved_output": saved}
+            "saved_output": saved, "stdio": stdio_of(unit.pid)}
 
 
 def prepare(job: dict, gen_dir: Path) -> dict:

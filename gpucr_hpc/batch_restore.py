@@ -88,6 +88,8 @@ def restore_rank_step(gen: Path, m: dict, jobid: str) -> int | None:
             "--gen-dir", str(gen)]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE"))}
+    # The real srun: the wrapper is first in PATH in the batch step.
+    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p != load_site().bindir)
     return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
 
 

@@ -1,0 +1,55 @@
+"""One task of the step that restores a job's ranks.
+
+The batch restorer starts this as a new `srun` step with the layout of the
+step that was running; task N restores the N-th rank of the checkpoint on its
+node, hands it this task's stdio (so its output flows through the new step as
+it did through the old one), and exits with the rank's exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from gpucr_hpc import manifest as mf
+from gpucr_hpc import migrate
+from gpucr_hpc.batch_restore import register
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.site import load_site
+
+
+def stdio_inherit(unit: dict) -> dict[int, str]:
+    """Our fd for each stdio pipe or socket the rank had (regular files reopen by path)."""
+    return {fd: key for fd, key in ((int(k), v) for k, v in (unit.get("stdio") or {}).items())
+            if key.startswith(("pipe:", "socket:"))}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gpucr_hpc.rank_restore")
+    p.add_argument("--gen-dir", required=True)
+    args = p.parse_args(argv)
+    gen = Path(args.gen_dir)
+    procid = int(os.environ["SLURM_PROCID"])
+    jobid = os.environ["SLURM_JOB_ID"]
+    try:
+        m = mf.load(gen)
+        ranks = sorted((u for u in m["units"].values() if u["name"].startswith("rank-")),
+                       key=lambda u: u["rank"])
+        unit = ranks[procid]
+        site = load_site()
+        site.job_run_dir(jobid, unit["node"]).mkdir(parents=True, exist_ok=True, mode=0o700)
+        rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
+                                   inherit=stdio_inherit(unit))
+        register(site.job_run_dir(jobid), unit, rep["pid"])
+    except (GpucrError, IndexError) as e:
+        msg = e.one_line() if isinstance(e, GpucrError) else f"no rank {procid} in {gen}"
+        print(f"gpucr: error: restore of rank {procid} of job {jobid} failed: {msg}",
+              file=sys.stderr, flush=True)
+        return 1
+    return rep["_launcher"].wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
