@@ -19,11 +19,6 @@ def cli():
     """Transparent GPU checkpoint/restore for Slurm clusters."""
 
 
-from gpucr_hpc.cmd_migrate import checkpoint as _migrate_checkpoint, restore as _migrate_restore  # noqa: E402
-
-cli.add_command(_migrate_checkpoint)
-cli.add_command(_migrate_restore)
-
 from gpucr_hpc import cmd_process  # noqa: E402
 
 cli.add_command(cmd_process.run)

@@ -11,8 +11,10 @@ checkpoint_to(pid, DIR):
                   it has room, else straight into DIR/criu. Without
                   --leave-running the tree is gone after this, with it the tree
                   runs on (`released_s`: how long the process was held);
-    4. persist  - the drain: GPU buffers to DIR/process-<pid>.h5, staged CRIU
-                  files to DIR/criu/, each with its sha256 (`persist_s`);
+    4. persist  - the drain: staged CRIU files (with the GPU data inside the
+                  arena pages) to DIR/criu/, each with its sha256 (`persist_s`);
+                  the per-process .h5 of the arena (gpu_image.py) is not yet
+                  written on this path;
     5. commit   - manifest.json, then COMMITTED, atomically (`commit_s`).
     A failure before 3 leaves the process as it was and removes the partial DIR;
     a failure after 3 keeps the staged copy and says where it is.
@@ -116,34 +118,42 @@ def _stage_root(need: int) -> Path | None:
 
 # -- the GPU step: a call into the in-place pipeline ----------------------------
 
+class _InPlaceGpu:
+    """The GPU step through the in-place pipeline (process_cr): the shim moves GPU
+    data into its host arena (process memory, so CRIU's pages carry it) and the
+    driver checkpoints the rest; afterwards no /dev/nvidia* fd is open and plain
+    CRIU can dump the tree. Restore is CRIU first, then process_cr.restore_tree.
+    (The separate per-process .h5 of the arena, gpu_image.py, is not written on
+    this path yet: the data travel inside the CRIU pages.)"""
+
+    def __init__(self, pid: int):
+        from gpucr_hpc import process_cr
+
+        self.pid = pid
+        self._cr = process_cr
+        node = node_gpus() or {}
+        self.vendor = node.get("vendor") or "nvidia"
+        self.gpu = {k: node.get(k) for k in ("model", "uuids", "driver_version")}
+        rep = process_cr.checkpoint_tree(pid)
+        self.timings = rep.get("phases", {})
+
+    def resume(self) -> None:
+        """Bring the GPU state back into the still-running tree (abort or --leave-running)."""
+        self._cr.restore_tree(self.pid)
+
+
 def _gpu_checkpoint(pid: int):
-    """In-place GPU checkpoint of a shimmed process (process_cr); returns its handle."""
     try:
-        from gpucr_hpc import process_cr
+        return _InPlaceGpu(pid)
     except ImportError:
-        process_cr = None
-    fn = getattr(process_cr, "checkpoint_for_migration", None)
-    if fn is None:
-        raise GpucrError(f"process {pid} runs under the gpucr shim, but this gpucr-hpc has no "
-                         "in-place GPU pipeline (gpucr_hpc.process_cr.checkpoint_for_migration)",
-                         "install a gpucr-hpc build with GPU support")
-    # Expected: returns an object with .buffers() -> iterable of gpu_image.Buffer
-    # (the arena contents), .gpu -> {model, uuids, driver_version}, .vendor,
-    # .timings -> dict, and .release() once the arena may be freed.
-    return fn(pid)
+        raise GpucrError(f"process {pid} uses the GPU, but this gpucr-hpc has no in-place GPU "
+                         "pipeline (gpucr_hpc.process_cr)", "install a gpucr-hpc build with GPU support")
 
 
-def _gpu_restore(pid: int, image: image_store.Image, h5_rel: str) -> dict:
-    try:
-        from gpucr_hpc import process_cr
-    except ImportError:
-        process_cr = None
-    fn = getattr(process_cr, "restore_from_image", None)
-    if fn is None:
-        raise GpucrError("this image holds GPU state, but this gpucr-hpc has no in-place GPU "
-                         "pipeline (gpucr_hpc.process_cr.restore_from_image)",
-                         "install a gpucr-hpc build with GPU support")
-    return fn(pid, image.path / h5_rel, image.manifest) or {}
+def _gpu_restore(pid: int) -> dict:
+    from gpucr_hpc import process_cr
+
+    return process_cr.restore_tree(pid).get("phases", {})
 
 
 # -- checkpoint -----------------------------------------------------------------
@@ -159,10 +169,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
         raise GpucrError(f"process {pid} belongs to uid {uid}, you are uid {os.geteuid()}",
                          "checkpoint it as its owner or as root")
     tree = criu_mod.process_tree(pid)
-    shimmed = is_shimmed(tree)
-    if criu_mod.holds_gpu(tree) and not shimmed:
-        raise GpucrError(f"process {pid} has a GPU device open and does not run under the gpucr shim",
-                         "start it with the shim (srun --gpucr=on, or LD_PRELOAD=libgpucr-cuda.so)")
+    shimmed = is_shimmed(tree) or criu_mod.holds_gpu(tree)  # GPU step via process_cr
     shell_job = not criu_mod.is_session_leader(pid)
     to_dir = Path(to_dir).absolute()
     created = not to_dir.exists()
@@ -192,7 +199,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
             files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job)
         except GpucrError:
             if gpu is not None:
-                _gpu_abort(gpu)
+                gpu.resume()
             raise
         dumped = True
         if not leave_running and not criu_mod.wait_gone(tree):
@@ -204,13 +211,8 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
         # 4. Drain: persist GPU buffers and CRIU files with checksums.
         t = time.monotonic()
         gpu_bytes = 0
-        if gpu is not None:
-            from gpucr_hpc import gpu_image
-            h5 = image_store.process_h5_name(pid)
-            gpu_image.write(to_dir / h5, gpu.buffers(), attrs={"pid": pid, "vendor": gpu.vendor})
-            gpu_bytes = writer.add_written(h5)
-            m["process"] = {"gpu_image": h5}
-            gpu.release()
+        if gpu is not None and leave_running:
+            gpu.resume()  # the original keeps running on its GPU
         if stage:
             criu_bytes = writer.add_tree(stage, image_store.CRIU_SUBDIR)
         else:
@@ -251,12 +253,6 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
             "leave_running": leave_running, "staged": stage is not None,
             "persist_MBps": total / timings["persist_s"] / 1e6 if timings["persist_s"] else None,
             "timings": timings}
-
-
-def _gpu_abort(gpu) -> None:
-    abort = getattr(gpu, "abort", None)
-    if abort:
-        abort()
 
 
 # -- restore --------------------------------------------------------------------
@@ -328,7 +324,9 @@ def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
         time.sleep(0.02)
 
 
-def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False) -> dict:
+def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False,
+                 inherit: dict[int, str] | None = None) -> dict:
+    """Restore the image in from_dir; `inherit` hands our fds to the tree (criu --inherit-fd)."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     image_store.check_owner(Path(from_dir).absolute(), None)
@@ -356,11 +354,11 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
     t = time.monotonic()
     restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
-                                  new_pidns=new_ns)
+                                  new_pidns=new_ns, inherit=inherit)
     timings["criu_restore_s"] = time.monotonic() - t
-    if proc.get("gpu_image"):
+    if proc.get("shimmed"):
         t = time.monotonic()
-        gt = _gpu_restore(restored.host_pid, img, proc["gpu_image"])
+        gt = _gpu_restore(restored.host_pid)
         timings.update({f"gpu_{k}": v for k, v in gt.items()})
         timings["gpu_restore_s"] = time.monotonic() - t
     shutil.rmtree(work, ignore_errors=True)
