@@ -89,7 +89,9 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str]) -> dict:
 def prepare(job: dict, gen_dir: Path) -> dict:
     site = load_site()
     node = node_name()
-    units = local_units(site.job_run_dir(job["id"], node), node)
+    run_dir = site.job_run_dir(job["id"], node)
+    os.environ["GPUCR_RUN_DIR"] = str(run_dir)  # where the job's shims have their sockets
+    units = local_units(run_dir, node)
     t0 = time.monotonic()
     outputs = [job.get("std_out", ""), job.get("std_err", "")]
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:

@@ -26,6 +26,11 @@ cli.add_command(cmd_process.checkpoint)  # in place; --to DIR hands over to migr
 cli.add_command(cmd_process.restore)  # in place; --from DIR hands over to migrate
 cli.add_command(cmd_process.status)
 
+from gpucr_hpc import cmd_job  # noqa: E402
+
+cli.add_command(cmd_job.preempt)
+cli.add_command(cmd_job.ls)
+
 
 def main():
     if os.environ.get("GPUCR_RESTORE_BATCH") == "1":

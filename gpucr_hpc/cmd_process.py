@@ -73,14 +73,24 @@ _restore_options = _m.restore_options if _m else json_option
 
 
 @click.command()
-@click.option("--pid", type=int, required=True, help="The process (and its children) to checkpoint.")
+@click.argument("jobid", required=False)
+@click.option("--pid", type=int, default=None, help="The process (and its children) to checkpoint.")
 @click.option("--timeout", "timeout_ms", type=int, default=DEFAULT_TIMEOUT_MS, show_default=True,
               help="Quiesce / driver lock timeout in milliseconds.")
 @run_dir_option
 @_checkpoint_options
-def checkpoint(pid, timeout_ms, run_dir, as_json, to_dir=None, leave_running=False):
-    """Checkpoint a running process: in place (its GPU memory is handed back), or
-    with --to DIR to a whole-process image."""
+def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir=None, leave_running=False):
+    """Checkpoint a Slurm job (JOBID: every rank on every node, the job keeps running),
+    a running process in place (--pid: its GPU memory is handed back), or a process
+    to a whole-process image (--pid PID --to DIR)."""
+    if jobid is not None:
+        if pid is not None or to_dir:
+            raise GpucrError("give either JOBID or --pid, not both", "drop one of them")
+        from gpucr_hpc.cmd_job import checkpoint_job
+
+        return checkpoint_job(jobid, as_json)
+    if pid is None:
+        raise GpucrError("checkpoint needs JOBID, or --pid PID", "add one of them")
     if to_dir:
         return _m.run_checkpoint(pid, to_dir, leave_running, as_json)
     if leave_running:
@@ -95,12 +105,20 @@ def checkpoint(pid, timeout_ms, run_dir, as_json, to_dir=None, leave_running=Fal
 
 
 @click.command()
+@click.argument("jobid", required=False)
 @click.option("--pid", type=int, default=None, help="The process (and its children) checkpointed in place.")
 @run_dir_option
 @_restore_options
-def restore(pid, run_dir, as_json, from_dir=None, pidns="auto", rewind_files=False):
-    """Restore a process checkpointed in place (--pid PID; it continues where it
-    stopped), or a whole-process image (--from DIR)."""
+def restore(jobid, pid, run_dir, as_json, from_dir=None, pidns="auto", rewind_files=False):
+    """Restore a Slurm job that is not running from its checkpoint (JOBID; --from GEN
+    picks a generation), a process checkpointed in place (--pid PID; it continues
+    where it stopped), or a whole-process image (--from DIR)."""
+    if jobid is not None:
+        if pid is not None:
+            raise GpucrError("give either JOBID or --pid, not both", "drop one of them")
+        from gpucr_hpc.cmd_job import parse_generation, restore_job
+
+        return restore_job(jobid, parse_generation(from_dir), as_json)
     if from_dir:
         if pid is not None:
             raise GpucrError("give either --pid or --from, not both", "drop one of them")

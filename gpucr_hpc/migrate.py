@@ -83,6 +83,25 @@ def is_shimmed(pids: list[int]) -> bool:
     return False
 
 
+def uses_gpu(tree: list[int]) -> bool:
+    """True when the tree has GPU state: a GPU device open, or a shim that reports CUDA in use.
+
+    Every task of a --gpucr=on job runs under the shim; one that never touched
+    the GPU is a CPU process and takes the CRIU-only path.
+    """
+    if criu_mod.holds_gpu(tree):
+        return True
+    if not is_shimmed(tree):
+        return False
+    from gpucr_hpc import process_cr
+
+    try:
+        targets, _ = process_cr.discover(tree[0], need_driver=False)
+    except GpucrError:
+        return False
+    return any(t.cuda or t.shim_state == "checkpointed" for t in targets)
+
+
 def _cmdline(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -169,7 +188,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
         raise GpucrError(f"process {pid} belongs to uid {uid}, you are uid {os.geteuid()}",
                          "checkpoint it as its owner or as root")
     tree = criu_mod.process_tree(pid)
-    shimmed = is_shimmed(tree) or criu_mod.holds_gpu(tree)  # GPU step via process_cr
+    shimmed = uses_gpu(tree)  # GPU step via process_cr
     shell_job = not criu_mod.is_session_leader(pid)
     to_dir = Path(to_dir).absolute()
     created = not to_dir.exists()

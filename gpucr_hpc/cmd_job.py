@@ -1,0 +1,127 @@
+"""Job-level commands: preempt, ls, and the JOBID forms of checkpoint/restore/status.
+
+The logic is in job_cr.py; this is the click surface and the output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from gpucr_hpc import job_cr, job_images
+from gpucr_hpc import manifest as mf
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.site import load_site
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_job_result(kind: str, result: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    click.echo(f"{kind} job {result.get('job', '')}{result['generation']}: "
+               f"{len(result.get('units', []))} unit(s) on {', '.join(result.get('nodes', []))}, "
+               f"{_size(result.get('bytes', 0))} in {result.get('total_s', 0):.2f} s "
+               f"(prepare {result.get('prepare_s', 0):.2f} s)")
+    click.echo(f"image: {result['image']}")
+
+
+def checkpoint_job(jobid: str, as_json: bool) -> None:
+    result = job_cr.checkpoint(jobid)
+    result["job"] = f"{jobid} "
+    print_job_result("checkpointed", result, as_json)
+
+
+def parse_generation(value: str | None) -> int | None:
+    """`--from 3` or `--from gen-3` for a job restore."""
+    if value is None:
+        return None
+    text = value[4:] if value.startswith("gen-") else value
+    if not text.isdigit():
+        raise GpucrError(f"'{value}' is not a generation", "give --from N or --from gen-N "
+                         "(gpucr-hpc ls JOBID lists them)")
+    return int(text)
+
+
+def restore_job(jobid: str, gen: int | None, as_json: bool) -> None:
+    result = job_cr.restore(jobid, gen)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        what = "requeued" if result["requeued"] else "will restore when it starts"
+        click.echo(f"job {jobid}: restoring from {result['generation']}; {what}")
+
+
+@click.command()
+@click.argument("jobid")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def preempt(jobid, as_json):
+    """Checkpoint a running --gpucr=on job, then requeue it.
+
+    When the job starts again it is restored from this checkpoint instead of
+    running its script from the top.
+    """
+    result = job_cr.preempt(jobid)
+    result["job"] = f"{jobid} "
+    print_job_result("preempted", result, as_json)
+
+
+def job_rows(jobid: str | None = None) -> list[dict]:
+    site = load_site()
+    root = Path(site.imageroot)
+    if jobid:
+        dirs = [root / jobid]
+    elif root.is_dir():
+        dirs = sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    else:
+        dirs = []
+    rows = []
+    for job_dir in dirs:
+        latest = job_images.read_pointer(job_dir, job_images.LATEST)
+        for n, path, committed in job_images.generations(job_dir):
+            row = {"job": job_dir.name, "generation": path.name, "committed": committed,
+                   "latest": path == latest, "path": str(path)}
+            if committed:
+                try:
+                    m = mf.load(path)
+                    row.update(bytes=m.get("total_bytes", 0), nodes=m.get("nodes", []),
+                               units=sorted(m.get("units", {})), created=m.get("created"))
+                except GpucrError as e:
+                    row.update(error=e.one_line())
+            rows.append(row)
+    return rows
+
+
+@click.command("ls")
+@click.argument("jobid", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the generations as JSON.")
+def ls(jobid, as_json):
+    """List the checkpoints in the image store: jobs, generations, sizes, nodes."""
+    rows = job_rows(jobid)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="gpucr-hpc checkpoints")
+    for col in ("job", "generation", "state", "size", "nodes", "units", "created"):
+        table.add_column(col)
+    for r in rows:
+        state = "committed" if r["committed"] else "incomplete"
+        if r.get("latest"):
+            state += " (latest)"
+        if r.get("error"):
+            state = "damaged"
+        table.add_row(r["job"], r["generation"], state, _size(r.get("bytes", 0)),
+                      ",".join(r.get("nodes", [])), str(len(r.get("units", []))),
+                      r.get("created") or "")
+    Console().print(table)
