@@ -19,7 +19,6 @@ reason, and the image is left as it was (never deleted, never modified).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -84,7 +83,7 @@ def restore_rank_step(gen: Path, m: dict, jobid: str) -> int | None:
     nodes = sorted({u["node"] for u in ranks})
     argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(ranks)}", "--gpucr=off",
             "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
-            f"--distribution=block", sys.executable, "-m", "gpucr_hpc.rank_restore",
+            "--distribution=block", sys.executable, "-m", "gpucr_hpc.rank_restore",
             "--gen-dir", str(gen)]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE"))}

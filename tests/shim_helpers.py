@@ -1,8 +1,8 @@
 """Building the shim once per test session, and running processes under it."""
 
 import os
-import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -46,5 +46,5 @@ def wait_for(path: Path, timeout: float = 10.0) -> bool:
 
 
 def gpucr_cli() -> list:
-    exe = shutil.which("gpucr-hpc")
-    return [exe] if exe else ["python3", "-m", "gpucr_hpc"]
+    """The CLI of the Python running the tests (PATH may hold another, or none)."""
+    return [sys.executable, "-m", "gpucr_hpc"]
