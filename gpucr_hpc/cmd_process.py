@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import click
@@ -22,7 +23,8 @@ def _phases_line(phases: dict) -> str:
     return ", ".join(f"{k[:-2]} {phases[k]:.3f} s" for k in order if k in phases)
 
 
-def shim_environment(env: dict, arena: str | None = None, run_dir: str | None = None) -> dict:
+def shim_environment(env: dict, arena: str | None = None, run_dir: str | None = None,
+                     arena_size: str | None = None) -> dict:
     """env with the shim first in LD_PRELOAD (once) and the GPUCR_* settings."""
     env = dict(env)
     lib = str(shim_library())
@@ -31,6 +33,8 @@ def shim_environment(env: dict, arena: str | None = None, run_dir: str | None = 
     env["LD_PRELOAD"] = " ".join([lib] + preload)
     if arena:
         env["GPUCR_ARENA_DIR"] = arena
+    if arena_size:
+        env["GPUCR_ARENA_PREALLOC"] = arena_size
     env["GPUCR_RUN_DIR"] = str(run_dir or default_run_dir())
     return env
 
@@ -45,11 +49,16 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 @click.option("--arena", type=click.Path(exists=True, file_okay=False), default=None,
               help="Directory for the pinned host arena: a hugetlbfs mount for huge pages "
                    "(default: /dev/shm).")
+@click.option("--arena-size", default=None, metavar="SIZE",
+              help="Create and pre-fault this much arena at start (e.g. 80G) and pin it once the "
+                   "program uses CUDA, so the first checkpoint does not pay for it.")
 @run_dir_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(arena, run_dir, cmd):
+def run(arena, arena_size, run_dir, cmd):
     """Run CMD under the shim (it keeps this PID), ready for checkpoint --pid."""
-    env = shim_environment(os.environ, arena, str(run_dir) if run_dir else None)
+    if arena_size is not None and not re.fullmatch(r"\d+(\.\d+)?[KMGkmg]?", arena_size):
+        raise GpucrError(f"bad --arena-size {arena_size!r}", "give bytes or a size like 512M or 80G")
+    env = shim_environment(os.environ, arena, str(run_dir) if run_dir else None, arena_size)
     try:
         os.execvpe(cmd[0], list(cmd), env)
     except FileNotFoundError:

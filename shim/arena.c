@@ -1,8 +1,8 @@
 /* The host arena: where GPU memory goes while the GPU memory is handed back.
  *
  * Segments are files in a hugetlbfs mount (when the configured directory is one)
- * or in /dev/shm, mapped MAP_SHARED and pre-faulted, then registered with the
- * driver (pinned) once. The arena only grows, by one segment at a time, so the
+ * or in /dev/shm, mapped MAP_SHARED and pre-faulted, unlinked at once (so they
+ * never outlive the process), then registered with the driver (pinned) once. The arena only grows, by one segment at a time, so the
  * same footprint checkpointed again reuses the same pinned memory. */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,8 +34,17 @@ static int hugetlb;
 static size_t page = 4096;
 static unsigned seq;
 static double setup_s;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static size_t gpucr_arena_capacity_locked(void)
+{
+    size_t c = 0;
+    for (int i = 0; i < nsegs; i++)
+        c += segs[i].size;
+    return c;
+}
 
 int gpucr_arena_configure(const char *d)
 {
@@ -79,8 +88,10 @@ static int add_segment(size_t size, gpucr_register_fn reg)
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     int e = errno;
     close(fd);
+    /* No name once mapped: the memory goes away with the process, however it
+     * ends (a killed process runs no destructor). */
+    unlink(s->path);
     if (p == MAP_FAILED) {
-        unlink(s->path);
         errno = e == 0 ? ENOMEM : e;
         return -1;
     }
@@ -91,7 +102,6 @@ static int add_segment(size_t size, gpucr_register_fn reg)
     if (reg) {
         if (reg(p, size) != 0) {
             munmap(p, size);
-            unlink(s->path);
             errno = EIO;
             return -1;
         }
@@ -123,8 +133,42 @@ static int try_place(const size_t *sizes, size_t n, void **out)
     return failed ? -1 : 0;
 }
 
-int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg)
+static int register_pending(gpucr_register_fn reg)
 {
+    for (int i = 0; i < nsegs && reg; i++) {
+        if (segs[i].registered)
+            continue;
+        double t0 = gpucr_now();
+        if (reg(segs[i].base, segs[i].size) != 0) {
+            errno = EIO;
+            return -1;
+        }
+        segs[i].registered = 1;
+        setup_s += gpucr_now() - t0;
+    }
+    return 0;
+}
+
+int gpucr_arena_prealloc(size_t size)
+{
+    pthread_mutex_lock(&mu);
+    int rc = size > gpucr_arena_capacity_locked() ? add_segment(size - gpucr_arena_capacity_locked(), NULL) : 0;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int gpucr_arena_register_pending(gpucr_register_fn reg)
+{
+    pthread_mutex_lock(&mu);
+    int rc = register_pending(reg);
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+static int place_locked(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg)
+{
+    if (register_pending(reg) < 0)
+        return -1;
     if (try_place(sizes, n, out) == 0)
         return 0;
     /* Grow by what did not fit; then everything fits in the new segment at worst. */
@@ -146,17 +190,27 @@ int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_
     return try_place(sizes, n, out);
 }
 
+int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg)
+{
+    pthread_mutex_lock(&mu);
+    int rc = place_locked(sizes, n, out, reg);
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
 void gpucr_arena_reset(void)
 {
+    pthread_mutex_lock(&mu);
     for (int i = 0; i < nsegs; i++)
         segs[i].used = 0;
+    pthread_mutex_unlock(&mu);
 }
 
 size_t gpucr_arena_capacity(void)
 {
-    size_t c = 0;
-    for (int i = 0; i < nsegs; i++)
-        c += segs[i].size;
+    pthread_mutex_lock(&mu);
+    size_t c = gpucr_arena_capacity_locked();
+    pthread_mutex_unlock(&mu);
     return c;
 }
 
@@ -173,19 +227,21 @@ double gpucr_arena_setup_seconds(void) { return setup_s; }
 
 void gpucr_arena_destroy(gpucr_register_fn unreg)
 {
+    pthread_mutex_lock(&mu);
     for (int i = 0; i < nsegs; i++) {
         if (segs[i].registered && unreg)
             unreg(segs[i].base, segs[i].size);
         munmap(segs[i].base, segs[i].size);
-        unlink(segs[i].path);
     }
     nsegs = 0;
+    pthread_mutex_unlock(&mu);
 }
 
-/* The child shares the parent's MAP_SHARED segments: forget them (the files
- * stay, they are the parent's), so the child never writes into them. */
+/* The child shares the parent's MAP_SHARED segments: forget them (they are the
+ * parent's), so the child never writes into them. */
 void gpucr_arena_after_fork_child(void)
 {
+    pthread_mutex_init(&mu, NULL);
     for (int i = 0; i < nsegs; i++)
         munmap(segs[i].base, segs[i].size);
     nsegs = 0;

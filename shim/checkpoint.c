@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -599,6 +600,44 @@ void gpucr_cmd_restore(struct jbuf *out)
     jb_f64(out, "data_s", t1 - t0);
     jb_u64(out, "bytes", last_bytes);
     jb_end(out);
+}
+
+/* GPUCR_ARENA_PREALLOC: create and pre-fault the arena at start-up, and pin it
+ * as soon as the program has a CUDA context, so the first checkpoint does not
+ * pay for it. */
+static void *prealloc_thread(void *arg)
+{
+    size_t size = (size_t)(uintptr_t)arg;
+    if (gpucr_arena_prealloc(size) != 0) {
+        gpucr_log("arena preallocation of %zu bytes failed", size);
+        return NULL;
+    }
+    for (;;) {
+        CUcontext ctx = NULL;
+        if (gpucr_driver_loaded()) {
+            gpucr_table_lock();
+            const struct u64map *ctxs = gpucr_set_map(SET_CTX);
+            U64MAP_FOREACH(ctxs, i) ctx = (CUcontext)(uintptr_t)ctxs->keys[i];
+            gpucr_table_unlock();
+        }
+        if (ctx) {
+            if (D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS)
+                gpucr_arena_register_pending(host_register);
+            return NULL;
+        }
+        usleep(100000);
+    }
+}
+
+void gpucr_arena_start_prealloc(size_t size)
+{
+    pthread_t t;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    if (pthread_create(&t, NULL, prealloc_thread, (void *)(uintptr_t)size) == 0)
+        pthread_detach(t);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 void gpucr_checkpoint_after_fork_child(void)

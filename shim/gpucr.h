@@ -112,6 +112,10 @@ int gpucr_arena_is_hugetlb(void);
  * the host address of blob i. Returns 0, or -1 with errno. */
 int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg);
 void gpucr_arena_reset(void); /* forget placements, keep capacity */
+/* One-time costs ahead of the first checkpoint: create and pre-fault capacity
+ * (no driver needed), later register what is not yet registered. */
+int gpucr_arena_prealloc(size_t size);
+int gpucr_arena_register_pending(gpucr_register_fn reg);
 size_t gpucr_arena_capacity(void);
 size_t gpucr_arena_used(void);
 int gpucr_arena_segments(void);

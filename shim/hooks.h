@@ -78,6 +78,7 @@ extern unsigned long gpucr_ipc_sticky; /* pools exported/imported: never forgets
 
 void gpucr_note_context(void); /* remember the calling thread's current context */
 void gpucr_checkpoint_after_fork_child(void);
+void gpucr_arena_start_prealloc(size_t size);
 void gpucr_checkpoint_at_exit(void);
 
 #endif

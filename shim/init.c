@@ -33,6 +33,15 @@ __attribute__((constructor)) static void gpucr_init(void)
         gpucr_log("arena dir %s unusable, using /dev/shm", arena ? arena : "(none)");
         gpucr_arena_configure(NULL);
     }
+    const char *pre = getenv("GPUCR_ARENA_PREALLOC"); /* bytes, or with K/M/G suffix */
+    if (pre && *pre) {
+        char *end;
+        double v = strtod(pre, &end);
+        double mul = (*end == 'G' || *end == 'g') ? 1073741824.0 : (*end == 'M' || *end == 'm') ? 1048576.0
+                   : (*end == 'K' || *end == 'k') ? 1024.0 : 1.0;
+        if (v > 0)
+            gpucr_arena_start_prealloc((size_t)(v * mul));
+    }
     pthread_atfork(NULL, NULL, after_fork_child);
     if (enabled("GPUCR_CONTROL", 1))
         gpucr_control_start();

@@ -111,3 +111,32 @@ def test_checkpoint_of_unshimmed_process_refused(env):
 def test_checkpoint_missing_pid_refused(env):
     r = cli("checkpoint", "--pid", "999999999", env=env, check=False)
     assert r.returncode != 0 and "no process 999999999" in r.stderr
+
+
+def test_run_arena_preallocation(env, tmp_path):
+    """--arena-size creates the arena at start-up (in the --arena dir), before any checkpoint;
+    its file is unlinked once mapped, so even a killed process leaves nothing behind."""
+    arena = tmp_path / "arena"
+    arena.mkdir()
+    p = subprocess.Popen(gpucr_cli() + ["run", "--arena", str(arena), "--arena-size", "6M", "--", "sleep", "60"],
+                         env=env)
+    try:
+        assert wait_for(tmp_path / "run" / f"{p.pid}.sock")
+        for _ in range(100):
+            row = next(r for r in json.loads(cli("status", "--json", env=env).stdout) if r["pid"] == p.pid)
+            if row["arena_bytes"]:
+                break
+            import time
+            time.sleep(0.05)
+        assert row["arena_bytes"] >= 6 << 20 and row["arena_dir"] == str(arena)
+        maps = open(f"/proc/{p.pid}/maps").read()
+        assert f"{arena}/gpucr-arena-{p.pid}-0 (deleted)" in maps
+    finally:
+        p.kill()
+        p.wait()
+    assert list(arena.iterdir()) == []
+
+
+def test_run_bad_arena_size(env):
+    r = cli("run", "--arena-size", "lots", "--", "true", env=env, check=False)
+    assert r.returncode != 0 and "bad --arena-size" in r.stderr

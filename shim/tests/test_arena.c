@@ -1,6 +1,6 @@
 /* The host arena: placement, growth by one segment, reuse without growth
- * (no leak over repeated checkpoints), files in the configured directory,
- * registration callback, cleanup. */
+ * (no leak over repeated checkpoints), no files left behind, registration
+ * callback, preallocation, cleanup. */
 #include <dirent.h>
 #include <string.h>
 #include <unistd.h>
@@ -35,7 +35,8 @@ int main(void)
     size_t sizes[3] = {3 << 20, 5000, 1 << 20};
     void *out[3];
     CHECK(gpucr_arena_place(sizes, 3, out, reg) == 0);
-    CHECK(registered == 1 && gpucr_arena_segments() == 1 && files_in(dir) == 1);
+    CHECK(registered == 1 && gpucr_arena_segments() == 1);
+    CHECK(files_in(dir) == 0); /* unlinked once mapped: nothing left if the process dies */
     size_t cap = gpucr_arena_capacity();
     CHECK(cap >= sizes[0] + sizes[1] + sizes[2]);
     /* blobs do not overlap and are writable */
@@ -58,14 +59,24 @@ int main(void)
     size_t big[2] = {8 << 20, 3 << 20};
     gpucr_arena_reset();
     CHECK(gpucr_arena_place(big, 2, out, reg) == 0);
-    CHECK(gpucr_arena_segments() == 2 && registered == 2 && files_in(dir) == 2);
+    CHECK(gpucr_arena_segments() == 2 && registered == 2 && files_in(dir) == 0);
     gpucr_arena_reset();
     CHECK(gpucr_arena_place(big, 2, out, reg) == 0);
     CHECK(gpucr_arena_segments() == 2);
     PASS("arena growth");
 
+    /* preallocated capacity: created unregistered, registered on first use */
+    CHECK(gpucr_arena_prealloc(gpucr_arena_capacity() + (4 << 20)) == 0);
+    CHECK(gpucr_arena_segments() == 3 && registered == 2);
+    CHECK(gpucr_arena_prealloc(1 << 20) == 0 && gpucr_arena_segments() == 3); /* already there */
+    size_t more[3] = {8 << 20, 3 << 20, 4 << 20};
+    gpucr_arena_reset();
+    CHECK(gpucr_arena_place(more, 3, out, reg) == 0);
+    CHECK(gpucr_arena_segments() == 3 && registered == 3);
+    PASS("arena preallocation");
+
     gpucr_arena_destroy(unreg);
-    CHECK(unregistered == 2 && files_in(dir) == 0 && gpucr_arena_capacity() == 0);
+    CHECK(unregistered == 3 && files_in(dir) == 0 && gpucr_arena_capacity() == 0);
     rmdir(dir);
     PASS("arena cleanup");
     return 0;
