@@ -60,10 +60,17 @@ def process_tree(pid: int) -> list[int]:
     return order
 
 
-def _driver():
-    from gpucr_hpc.driver_nvidia import NvidiaDriver
+_DRIVER = None
 
-    return NvidiaDriver()
+
+def _driver():
+    """The driver API, initialised once per agent process (cuInit is not free)."""
+    global _DRIVER
+    if _DRIVER is None:
+        from gpucr_hpc.driver_nvidia import NvidiaDriver
+
+        _DRIVER = NvidiaDriver()
+    return _DRIVER
 
 
 def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True):
@@ -194,7 +201,7 @@ def _summary(pid, targets, phases, t0, key) -> dict:
     for t in targets:
         r = t.result.get(key, {})
         procs.append({"pid": t.pid, "shim": t.shim, "cuda": t.cuda, "bytes": r.get("bytes", 0),
-                      **{k: r[k] for k in ("quiesce_s", "data_s", "allocations", "driver_path_bytes")
+                      **{k: r[k] for k in ("quiesce_s", "data_s", "allocations", "driver_path_bytes", "arena_setup_s")
                          if k in r}})
     phases["total_s"] = time.monotonic() - t0
     return {"pid": pid, "processes": procs, "bytes": sum(p["bytes"] for p in procs),
