@@ -32,12 +32,20 @@ from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
 
+LOG_NAME = "restore.log"
+_log_path: Path | None = None
+
+
 def log(msg: str) -> None:
-    """To the slurmd side only: the job's own output must stay byte-identical until restored."""
-    path = os.environ.get("GPUCR_RESTORE_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
+    """Into <image root>/<jobid>/restore.log: the job's own output must stay
+    byte-identical to the checkpoint until the processes are back."""
+    if _log_path is None:
+        return
+    try:
+        with open(_log_path, "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURMD_NODENAME', '')} {msg}\n")
+    except OSError:
+        pass
 
 
 def check_generation(gen: Path) -> dict:
@@ -66,10 +74,29 @@ def register(run_dir: Path, unit: dict, pid: int) -> None:
     tmp.rename(tasks / name)
 
 
+def provide_batch_script(gen: Path, unit: dict) -> None:
+    """bash keeps its script open: the restored shell needs it at its old path.
+
+    On a cluster that path (slurmd's spool) is the same on every node and the
+    restarted job's identical script is there; on another node of a test
+    cluster sharing one machine it differs, so the new copy is put there.
+    """
+    script = os.environ.get("GPUCR_BATCH_SCRIPT")
+    if not script:
+        return
+    for rec in mf.load(gen / unit["name"]).get("open_files") or []:
+        old = Path(rec["path"])
+        if old.name == Path(script).name and not old.exists():
+            old.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            shutil.copy2(script, old)
+
+
 def restore_unit(gen: Path, unit: dict, site, jobid: str) -> dict:
     # The shim's control socket is bound under the run dir of the node it ran on.
     old_run_dir = site.job_run_dir(jobid, unit["node"])
     old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if unit["name"] == "batch":
+        provide_batch_script(gen, unit)
     rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True)
     register(site.job_run_dir(jobid), unit, rep["pid"])
     return rep
@@ -101,14 +128,19 @@ def hand_status(m: dict, rc: int) -> None:
 
 
 def main() -> int:
+    global _log_path
     jobid = os.environ["SLURM_JOB_ID"]
     site = load_site()
     job_dir = site.job_image_dir(jobid)
+    _log_path = job_dir / LOG_NAME
+    # The restorer runs as the batch task, under the shim: keep it out of what we start.
+    os.environ.pop("LD_PRELOAD", None)
     try:
         gen = job_images.restore_target(job_dir)
         m = check_generation(gen)
     except GpucrError as e:
         reason = f"gpucr: cannot restore job {jobid}: {e.one_line()}"
+        log(reason)
         print(reason, file=sys.stderr, flush=True)
         slurm.requeue_hold(jobid, reason)
         return 1
@@ -131,6 +163,7 @@ def main() -> int:
             hand_status(m, rc)
     except GpucrError as e:
         reason = f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}"
+        log(reason)
         print(reason, file=sys.stderr, flush=True)
         if launcher is not None:
             launcher.kill()
@@ -138,7 +171,9 @@ def main() -> int:
         return 1
     if launcher is None:
         return rc or 0
-    return launcher.wait()
+    status = launcher.wait()
+    log(f"batch script ended with status {status}")
+    return status
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ class Criu:
         script.chmod(0o700)
         args += ["--action-script", str(script)]
         args += extra or []
-        r = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        r = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=criu_env(),
                            stderr=subprocess.STDOUT, text=True)
         if r.returncode != 0:
             raise GpucrError(
@@ -159,7 +159,7 @@ class Criu:
         std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1, 2)]
         proc = subprocess.Popen(args, stdin=std[0], stdout=std[1], stderr=std[2],
                                 start_new_session=True, close_fds=True,
-                                env=dict(os.environ, PYTHONPATH=_PKG_PARENT))
+                                env=criu_env(PYTHONPATH=_PKG_PARENT))
         deadline = time.monotonic() + 600
         while True:
             text = log.read_text(errors="replace") if log.exists() else ""
@@ -192,6 +192,15 @@ class Criu:
             proc.wait()
             host_pid = ns_pid
         return Restored(host_pid=host_pid, ns_pid=ns_pid, new_pidns=new_pidns, launcher=proc)
+
+
+def criu_env(**extra: str) -> dict:
+    """Our environment without LD_PRELOAD: inside a --gpucr=on job it holds the shim,
+    whose control thread must not run inside CRIU (a forked CRIU helper with an
+    extra thread never becomes reapable, and CRIU waits for it forever)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(extra)
+    return env
 
 
 @dataclass

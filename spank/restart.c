@@ -38,6 +38,19 @@ static int prepend_bindir(spank_t sp, const char *bindir, char *err, size_t errl
 	return 0;
 }
 
+/* S_SLURM_RESTART_COUNT reads 0 in the batch step of 22.05; the job's own
+ * SLURM_RESTART_COUNT is right by task_init. */
+static unsigned long restart_count(spank_t sp, const struct gpucr_step *step)
+{
+	char buf[32];
+
+	if (step->restart_count)
+		return step->restart_count;
+	if (spank_getenv(sp, "SLURM_RESTART_COUNT", buf, sizeof(buf)) == ESPANK_SUCCESS)
+		return strtoul(buf, NULL, 10);
+	return 0;
+}
+
 static int has_checkpoint(const struct gpucr_site *site, uint32_t jobid)
 {
 	char latest[4200];
@@ -57,7 +70,7 @@ int gpucr_batch_task_init(spank_t sp, const struct gpucr_site *site,
 		return 0;
 	if (prepend_bindir(sp, site->bindir, err, errlen) != 0)
 		return -1;
-	if (step->restart_count == 0 || !has_checkpoint(site, step->jobid))
+	if (restart_count(sp, step) == 0 || !has_checkpoint(site, step->jobid))
 		return 0;
 	if (access(site->cli, X_OK) != 0)
 		return ERR("cannot restore: %s (plugstack.conf cli=) is not executable", site->cli);

@@ -1,0 +1,115 @@
+"""Job-level checkpoint -> requeue -> restore on the real test cluster, with real CRIU.
+
+CPU workloads: every piece (plugin, srun wrapper, node agents in an MPI
+world, CRIU, the restorer that replaces the requeued script) is the real one.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.criu]
+
+if os.geteuid() != 0:
+    pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
+
+# Always counts from 0: a run restarted from the top would repeat values.
+COUNTER = r"""
+import sys, time
+path, steps = sys.argv[1], int(sys.argv[2])
+out = open(path, "a", buffering=1)
+for i in range(steps):
+    out.write(f"{i}\n")
+    time.sleep(0.05)
+"""
+
+
+def gpucr(cluster, *args, check=True):
+    out = subprocess.run([sys.executable, "-m", "gpucr_hpc", *args], env=cluster.env,
+                         capture_output=True, text=True, timeout=300)
+    if check:
+        assert out.returncode == 0, out.stderr
+    return out
+
+
+def wait_for(pred, timeout=60, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def numbers(path: Path) -> list[int]:
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def assert_counted_once(path: Path, steps: int):
+    got = numbers(path)
+    assert got == list(range(steps)), f"{path}: repeated or skipped values: {got[:5]}...{got[-5:]}"
+
+
+@pytest.fixture
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("job")
+    os.chmod(d, 0o755)
+    (d / "counter.py").write_text(COUNTER)
+    return d
+
+
+def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):
+    """A script that runs Python directly: checkpoint (job runs on), preempt, restored, continues."""
+    steps = 120
+    log = workdir / "count.txt"
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
+{sys.executable} {workdir}/counter.py {log} {steps}
+echo "after python"
+""")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+
+    ck = gpucr(slurm_cluster, "checkpoint", jobid)
+    assert "checkpointed job" in ck.stdout and "gen-1" in ck.stdout
+    n_before = len(numbers(log))
+    wait_for(lambda: len(numbers(log)) > n_before + 5, what="the job to keep running")
+    assert slurm_cluster.job(jobid)["JobState"] == "RUNNING"
+
+    pre = gpucr(slurm_cluster, "preempt", jobid)
+    assert "gen-2" in pre.stdout
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    assert info["JobState"] == "COMPLETED", (out.read_text(), info)
+    assert info["Restarts"] == "1"
+    assert_counted_once(log, steps)
+    text = out.read_text()
+    assert text.count("start restart=0") == 1 and "start restart=1" not in text, text
+    assert text.count("after python") == 1, text
+
+    ls = gpucr(slurm_cluster, "ls", jobid, "--json")
+    assert '"gen-2"' in ls.stdout and '"committed": true' in ls.stdout
+
+
+def test_checkpoint_of_a_job_not_running_is_refused(slurm_cluster, workdir):
+    script = workdir / "quick.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-o", str(workdir / "q.out"))
+    slurm_cluster.wait_state(jobid, "COMPLETED")
+    r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines() == [
+        f"gpucr-hpc: error: job {jobid} is COMPLETED, not RUNNING; only a running job can be checkpointed"]
+
+
+def test_bad_job_id_is_one_line(slurm_cluster):
+    r = gpucr(slurm_cluster, "checkpoint", "12x", check=False)
+    assert r.returncode != 0
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert "'12x' is not a job id" in r.stderr
