@@ -20,10 +20,23 @@ from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
 
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
 def stdio_inherit(unit: dict) -> dict[int, str]:
-    """Our fd for each stdio pipe or socket the rank had (regular files reopen by path)."""
+    """Our fd for each stdio pipe or socket the rank had (regular files reopen by path).
+
+    stdout and stderr only: CRIU's --shell-job (a task is no session leader)
+    needs its own fd 0, so a rank's old stdin pipe comes back without a writer
+    (it reads end-of-file, as a task other than 0 of srun always does).
+    """
     return {fd: key for fd, key in ((int(k), v) for k, v in (unit.get("stdio") or {}).items())
-            if key.startswith(("pipe:", "socket:"))}
+            if fd in (1, 2) and key.startswith(("pipe:", "socket:")) and _is_open(fd)}
 
 
 def main(argv=None) -> int:

@@ -113,3 +113,43 @@ def test_bad_job_id_is_one_line(slurm_cluster):
     assert r.returncode != 0
     assert len(r.stderr.strip().splitlines()) == 1
     assert "'12x' is not a job id" in r.stderr
+
+
+def test_two_nodes_two_tasks_requeued_onto_other_nodes(slurm_cluster, workdir):
+    """2 nodes x 2 tasks under srun, a command after srun; preempted, requeued onto a
+    different node set, restored: every rank continues, the command after srun runs once."""
+    steps = 150
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
+srun --ntasks=4 --ntasks-per-node=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+echo "after srun rc=$?"
+""")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=2", "-o", str(out))
+    info = slurm_cluster.wait_state(jobid, "RUNNING")
+    first_nodes = set(slurm_cluster.run("scontrol", "show", "hostnames",
+                                        info["NodeList"]).stdout.split())
+    ranks = [workdir / f"rank-{r}.txt" for r in range(4)]
+    wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), what="all ranks to count")
+
+    # Keep one of the job's nodes busy: the restarted job must land elsewhere.
+    drained = sorted(first_nodes)[0]
+    slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN",
+                      "Reason=gpucr-test")
+    try:
+        pre = gpucr(slurm_cluster, "preempt", jobid)
+        assert "4 unit(s)" in pre.stdout or "5 unit(s)" in pre.stdout, pre.stdout
+        info = slurm_cluster.wait_state(jobid, "RUNNING", timeout=120)
+        second_nodes = set(slurm_cluster.run("scontrol", "show", "hostnames",
+                                             info["NodeList"]).stdout.split())
+        assert second_nodes != first_nodes and drained not in second_nodes
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED", (text, info)
+    for p in ranks:
+        assert_counted_once(p, steps)
+    assert text.count("start restart=") == 1, text
+    assert text.count("after srun rc=0") == 1, text
