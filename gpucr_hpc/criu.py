@@ -188,6 +188,11 @@ class Criu:
         ns_pid = int(pidfile.read_text().strip()) if pidfile.exists() else None
         if new_pidns:
             host_pid = _find_ns_root(proc.pid, ns_pid)
+            # The namespace's init reads the pidfile too; the work dir must outlive that.
+            taken = Path(str(pidfile) + ".taken")
+            end = time.monotonic() + 30
+            while not taken.exists() and proc.poll() is None and time.monotonic() < end:
+                time.sleep(0.005)
         else:
             proc.wait()
             host_pid = ns_pid

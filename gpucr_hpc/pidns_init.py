@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 CRIU_FAILED = 255
+TAKEN = ".taken"
 
 
 def exit_code(status: int) -> int:
@@ -31,6 +32,8 @@ def main(argv: list[str]) -> int:
         return CRIU_FAILED
     with open(pidfile) as f:
         root = int(f.read())
+    # The caller removes CRIU's work dir (and the pidfile in it) once it sees this.
+    open(pidfile + TAKEN, "w").close()
     while True:
         try:
             pid, status = os.wait()
