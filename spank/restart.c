@@ -10,9 +10,9 @@
  * Restart: Slurm runs the batch script again when a job is requeued. If the
  * job has a committed checkpoint (<imageroot>/<jobid>/LATEST), the task's
  * argv[0] becomes the gpucr-hpc command (cli=), which restores the job
- * instead (Slurm 22.05 has no spank_prepend_task_argv; slurmstepd execs
- * job->argv after task_init, in this child, so replacing argv[0] here
- * changes only this task).
+ * instead: from Slurm 23.02 through spank_prepend_task_argv; before that
+ * (22.05) by replacing argv[0] — slurmstepd execs job->argv after
+ * task_init, in this child, so that changes only this task.
  */
 #include "restart.h"
 
@@ -79,9 +79,22 @@ int gpucr_batch_task_init(spank_t sp, const struct gpucr_site *site,
 	if (gpucr_setenv(sp, "GPUCR_BATCH_SCRIPT", argv[0]) != 0 ||
 	    gpucr_setenv(sp, "GPUCR_RESTORE_BATCH", "1") != 0)
 		return ERR("cannot restore: cannot set GPUCR_RESTORE_BATCH");
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 2, 0)
+	/* 23.02+: the documented way; the command sees GPUCR_RESTORE_BATCH and
+	 * ignores the script that follows it in argv. */
+	{
+		const char *prefix[] = { site->cli };
+
+		(void)cli;
+		if (spank_prepend_task_argv(sp, 1, prefix) != ESPANK_SUCCESS)
+			return ERR("cannot restore: spank_prepend_task_argv failed");
+		return 0;
+	}
+#else
 	cli = strdup(site->cli);
 	if (!cli)
 		return ERR("cannot restore: out of memory");
 	argv[0] = cli;
 	return 0;
+#endif
 }
