@@ -396,17 +396,22 @@ def open_files(pids: list[int]) -> list[dict]:
     return sorted(seen.values(), key=lambda r: r["path"])
 
 
+def fd_targets(pid: int) -> list[str]:
+    """What each open fd of pid points at (`/dev/nvidia0`, `socket:[123]`, a path)."""
+    out = []
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for n in names:
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{n}"))
+        except OSError:
+            continue
+    return out
+
+
 def holds_gpu(pids: list[int]) -> bool:
     """True when any process of the tree has a GPU device open."""
-    for pid in pids:
-        try:
-            for n in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    t = os.readlink(f"/proc/{pid}/fd/{n}")
-                except OSError:
-                    continue
-                if t.startswith("/dev/nvidia") or t in ("/dev/kfd",) or t.startswith("/dev/dri/"):
-                    return True
-        except OSError:
-            pass
-    return False
+    return any(t.startswith(("/dev/nvidia", "/dev/dri/")) or t == "/dev/kfd"
+               for pid in pids for t in fd_targets(pid))

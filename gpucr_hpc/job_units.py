@@ -15,7 +15,6 @@ exit status in a file. The step's tasks carry that file's path in
 from __future__ import annotations
 
 import ipaddress
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -77,18 +76,7 @@ def local_units(run_dir: Path, node: str) -> list[Unit]:
 # -- connections that cannot move ------------------------------------------------
 
 def _socket_inodes(pid: int) -> set[int]:
-    out = set()
-    try:
-        for n in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                t = os.readlink(f"/proc/{pid}/fd/{n}")
-            except OSError:
-                continue
-            if t.startswith("socket:["):
-                out.add(int(t[8:-1]))
-    except OSError:
-        pass
-    return out
+    return {int(t[8:-1]) for t in criu_mod.fd_targets(pid) if t.startswith("socket:[")}
 
 
 def _addr(hexaddr: str) -> str:
