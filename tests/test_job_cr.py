@@ -140,6 +140,8 @@ echo "after srun rc=$?"
     try:
         pre = gpucr(slurm_cluster, "preempt", jobid)
         assert "4 unit(s)" in pre.stdout or "5 unit(s)" in pre.stdout, pre.stdout
+        # The restarted run, not the old one still being torn down.
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", what="the requeue")
         info = slurm_cluster.wait_state(jobid, "RUNNING", timeout=120)
         second_nodes = set(slurm_cluster.run("scontrol", "show", "hostnames",
                                              info["NodeList"]).stdout.split())
