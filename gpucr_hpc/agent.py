@@ -118,7 +118,6 @@ def job_manifest(job: dict, gen_dir: Path, reports: list[dict]) -> dict:
         "owner_uid": job["uid"],
         "units": {u["name"]: {k: v for k, v in u.items() if k != "timings"} for u in units},
         "nodes": [r["node"] for r in reports],
-        "total_bytes": sum(u["bytes"] for u in units),
         "prepare_s": max(r["prepare_s"] for r in reports),
     })
     for u in units:

@@ -91,13 +91,16 @@ def provide_batch_script(gen: Path, unit: dict) -> None:
             shutil.copy2(script, old)
 
 
-def restore_unit(gen: Path, unit: dict, site, jobid: str) -> dict:
+def restore_unit(gen: Path, unit: dict, site, jobid: str,
+                 inherit: dict[int, str] | None = None) -> dict:
+    """Restore one unit in a new PID namespace and record it in this node's registry."""
     # The shim's control socket is bound under the run dir of the node it ran on.
     old_run_dir = site.job_run_dir(jobid, unit["node"])
     old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     if unit["name"] == "batch":
         provide_batch_script(gen, unit)
-    rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True)
+    rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
+                               inherit=inherit)
     register(site.job_run_dir(jobid), unit, rep["pid"])
     return rep
 

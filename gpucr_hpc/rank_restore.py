@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 from gpucr_hpc import manifest as mf
-from gpucr_hpc import migrate
-from gpucr_hpc.batch_restore import register
+from gpucr_hpc.batch_restore import restore_unit
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
@@ -51,11 +50,7 @@ def main(argv=None) -> int:
         ranks = sorted((u for u in m["units"].values() if u["name"].startswith("rank-")),
                        key=lambda u: u["rank"])
         unit = ranks[procid]
-        site = load_site()
-        site.job_run_dir(jobid, unit["node"]).mkdir(parents=True, exist_ok=True, mode=0o700)
-        rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
-                                   inherit=stdio_inherit(unit))
-        register(site.job_run_dir(jobid), unit, rep["pid"])
+        rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit))
     except (GpucrError, IndexError) as e:
         msg = e.one_line() if isinstance(e, GpucrError) else f"no rank {procid} in {gen}"
         print(f"gpucr: error: restore of rank {procid} of job {jobid} failed: {msg}",
