@@ -336,6 +336,16 @@ def is_session_leader(pid: int) -> bool:
     return os.getsid(pid) == pid
 
 
+def session_visible(pid: int) -> bool:
+    """False when `pid`'s session leader lies outside its PID namespace.
+
+    The kernel then reports its session as 0 inside that namespace (last NSsid
+    field), and CRIU cannot record it, not even with --shell-job.
+    """
+    nssid = _status(pid).get("NSsid", "").split()
+    return not nssid or int(nssid[-1]) != 0
+
+
 def is_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     try:

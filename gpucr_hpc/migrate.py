@@ -187,6 +187,10 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
     if os.geteuid() not in (0, uid):
         raise GpucrError(f"process {pid} belongs to uid {uid}, you are uid {os.geteuid()}",
                          "checkpoint it as its owner or as root")
+    if not criu_mod.session_visible(pid):
+        raise GpucrError(f"process {pid}'s session leader is outside its PID namespace, "
+                         "which CRIU cannot record",
+                         "start the program with setsid (Slurm tasks already are)")
     tree = criu_mod.process_tree(pid)
     shimmed = uses_gpu(tree)  # GPU step via process_cr
     shell_job = not criu_mod.is_session_leader(pid)

@@ -63,15 +63,38 @@ t.join()
 DATA = "".join(f"{n:04d}" for n in range(1000))  # 4 bytes per line, 1000 lines per cycle
 
 
-def start_workload(tmp: Path, *, session_leader: bool = True) -> tuple[subprocess.Popen, Path]:
+def _write_workload(tmp: Path) -> tuple[list[str], Path]:
     script = tmp / "workload.py"
     script.write_text(WORKLOAD)
     (tmp / "data.txt").write_text(DATA)
     out = tmp / "counter.txt"
-    proc = subprocess.Popen([sys.executable, str(script), str(out), str(tmp / "data.txt")],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=session_leader)
+    return [sys.executable, str(script), str(out), str(tmp / "data.txt")], out
+
+
+def start_workload(tmp: Path) -> tuple[subprocess.Popen, Path]:
+    """The workload as the leader of its own session (how Slurm starts tasks)."""
+    argv, out = _write_workload(tmp)
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     return proc, out
+
+
+def start_workload_under(tmp: Path, wrapper: list[str], *,
+                         new_session: bool) -> tuple[subprocess.Popen, int, Path]:
+    """The workload as the child of `wrapper` (a shell, unshare ...); returns
+    the wrapper, the workload's PID and the counter file."""
+    from gpucr_hpc.criu import children
+
+    argv, out = _write_workload(tmp)
+    proc = subprocess.Popen([*wrapper, *argv], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=new_session)
+    deadline = time.monotonic() + 10
+    while not children(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    kids = children(proc.pid)
+    assert len(kids) == 1, f"{wrapper} has children {kids}"
+    return proc, kids[0], out
 
 
 def lines(out: Path) -> list[str]:

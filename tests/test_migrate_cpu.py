@@ -12,7 +12,7 @@ import pytest
 from gpucr_hpc import criu as criu_mod
 from gpucr_hpc.errors import GpucrError
 from migrate_workload import (alive, assert_counter_exact, cli, cli_json, kill_tree, lines,
-                              start_workload, wait_lines)
+                              start_workload, start_workload_under, wait_lines)
 
 pytestmark = pytest.mark.criu
 
@@ -109,19 +109,40 @@ def test_leave_running_then_restore_with_rewind(criu, tmp_path, reaper):
 
 
 def test_not_session_leader_uses_shell_job(criu, tmp_path, reaper):
+    """A program started from a shell: its session leader (the shell) stays behind."""
     roots, popens = reaper
-    proc, out = start_workload(tmp_path, session_leader=False)
-    popens.append(proc)
+    shell, pid, out = start_workload_under(tmp_path, ["sh", "-c", '"$@"; true', "sh"],
+                                           new_session=True)
+    popens.append(shell)
+    assert os.getsid(pid) == shell.pid
     wait_lines(out, 5)
     img = tmp_path / "img"
-    cli_json("checkpoint", "--pid", str(proc.pid), "--to", str(img))
-    proc.wait(timeout=10)
+    cli_json("checkpoint", "--pid", str(pid), "--to", str(img))
+    shell.wait(timeout=10)
     import json
     assert json.loads((img / "manifest.json").read_text())["process"]["shell_job"] is True
     n = len(lines(out))
     rep = cli_json("restore", "--from", str(img))
     roots.append(rep["pid"])
     assert_counter_exact(wait_lines(out, n + 10))
+
+
+def test_session_leader_outside_pidns_refused_and_left_running(criu, tmp_path, reaper):
+    """CRIU cannot record a session whose leader it cannot see: refuse, one line."""
+    roots, popens = reaper
+    wrapper, pid, out = start_workload_under(tmp_path, ["unshare", "--pid", "--fork"],
+                                             new_session=False)
+    popens.append(wrapper)
+    assert criu_mod.session_visible(pid) is False
+    wait_lines(out, 3)
+    r = cli("checkpoint", "--pid", str(pid), "--to", str(tmp_path / "img"))
+    assert r.returncode != 0
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1 and "session leader is outside its PID namespace" in err
+    assert "setsid" in err
+    assert not (tmp_path / "img").exists()
+    n = len(lines(out))
+    assert_counter_exact(wait_lines(out, n + 3))  # still counting
 
 
 def test_pid_clash_refused_in_host_mode_and_avoided_in_auto(criu, tmp_path, reaper):
