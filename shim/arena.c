@@ -24,6 +24,7 @@ struct seg {
     char *base;
     size_t size, used;
     int registered;
+    int detached; /* a placeholder holds its range (migration) */
     char path[256];
 };
 
@@ -65,6 +66,34 @@ int gpucr_arena_configure(const char *d)
 const char *gpucr_arena_dir(void) { return dir; }
 int gpucr_arena_is_hugetlb(void) { return hugetlb; }
 
+/* A new shared file of `size` bytes, mapped (at `at` when not NULL) and
+ * pre-faulted, then unlinked: no name once mapped, so the memory goes away with
+ * the process, however it ends (a killed process runs no destructor). */
+static void *map_new_file(struct seg *s, size_t size, void *at)
+{
+    int fd;
+    do {
+        snprintf(s->path, sizeof s->path, "%s/gpucr-arena-%d-%u", dir, (int)getpid(), seq++);
+        fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    } while (fd < 0 && errno == EEXIST);
+    if (fd < 0)
+        return MAP_FAILED;
+    if (ftruncate(fd, (off_t)size) < 0) {
+        int e = errno;
+        close(fd);
+        unlink(s->path);
+        errno = e;
+        return MAP_FAILED;
+    }
+    void *p = mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE | (at ? MAP_FIXED : 0), fd, 0);
+    int e = errno;
+    close(fd);
+    unlink(s->path);
+    if (p == MAP_FAILED)
+        errno = e == 0 ? ENOMEM : e;
+    return p;
+}
+
 static int add_segment(size_t size, gpucr_register_fn reg)
 {
     if (nsegs == MAX_SEGS) {
@@ -74,31 +103,14 @@ static int add_segment(size_t size, gpucr_register_fn reg)
     double t0 = gpucr_now();
     struct seg *s = &segs[nsegs];
     size = round_up(size, page > (2u << 20) ? page : (2u << 20));
-    snprintf(s->path, sizeof s->path, "%s/gpucr-arena-%d-%u", dir, (int)getpid(), seq++);
-    int fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0)
+    void *p = map_new_file(s, size, NULL);
+    if (p == MAP_FAILED)
         return -1;
-    if (ftruncate(fd, (off_t)size) < 0) {
-        int e = errno;
-        close(fd);
-        unlink(s->path);
-        errno = e;
-        return -1;
-    }
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    int e = errno;
-    close(fd);
-    /* No name once mapped: the memory goes away with the process, however it
-     * ends (a killed process runs no destructor). */
-    unlink(s->path);
-    if (p == MAP_FAILED) {
-        errno = e == 0 ? ENOMEM : e;
-        return -1;
-    }
     s->base = p;
     s->size = size;
     s->used = 0;
     s->registered = 0;
+    s->detached = 0;
     if (reg) {
         if (reg(p, size) != 0) {
             munmap(p, size);
@@ -136,7 +148,7 @@ static int try_place(const size_t *sizes, size_t n, void **out)
 static int register_pending(gpucr_register_fn reg)
 {
     for (int i = 0; i < nsegs && reg; i++) {
-        if (segs[i].registered)
+        if (segs[i].registered || segs[i].detached)
             continue;
         double t0 = gpucr_now();
         if (reg(segs[i].base, segs[i].size) != 0) {
@@ -235,6 +247,76 @@ void gpucr_arena_destroy(gpucr_register_fn unreg)
     }
     nsegs = 0;
     pthread_mutex_unlock(&mu);
+}
+
+/* Migration: CRIU cannot dump the segments (unlinked shared files, huge pages),
+ * so while the process is dumped they are out of its address space. detach
+ * unregisters each segment and replaces it by an inaccessible, unbacked
+ * reservation of the same range (nothing else can be mapped there); its
+ * contents are gone, the agent saved them first. attach maps a new file over
+ * each reservation, pre-faulted and registered: the same addresses, so the
+ * placements (host pointers) stay valid; the agent then refills them. */
+int gpucr_arena_detach(gpucr_register_fn unreg)
+{
+    int rc = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nsegs && rc == 0; i++) {
+        struct seg *s = &segs[i];
+        if (s->detached)
+            continue;
+        if (s->registered && unreg) {
+            if (unreg(s->base, s->size) != 0) {
+                errno = EIO;
+                rc = -1;
+                break;
+            }
+            s->registered = 0;
+        }
+        if (mmap(s->base, s->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+            rc = -1;
+        else
+            s->detached = 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int gpucr_arena_attach(gpucr_register_fn reg)
+{
+    int rc = 0;
+    pthread_mutex_lock(&mu);
+    double t0 = gpucr_now();
+    for (int i = 0; i < nsegs && rc == 0; i++) {
+        struct seg *s = &segs[i];
+        if (!s->detached)
+            continue;
+        if (map_new_file(s, s->size, s->base) == MAP_FAILED) {
+            rc = -1;
+            break;
+        }
+        s->detached = 0;
+        if (reg) {
+            if (reg(s->base, s->size) != 0) {
+                errno = EIO;
+                rc = -1;
+                break;
+            }
+            s->registered = 1;
+        }
+    }
+    setup_s += gpucr_now() - t0;
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int gpucr_arena_detached(void)
+{
+    int n = 0;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nsegs; i++)
+        n += segs[i].detached;
+    pthread_mutex_unlock(&mu);
+    return n;
 }
 
 /* The child shares the parent's MAP_SHARED segments: forget them (they are the

@@ -7,7 +7,11 @@
  *   driver checkpoint API for what is left (contexts, modules, pool memory).
  * restore (after the agent's driver restore + unlock): re-create each physical
  *   allocation, map it at the same addresses with the same access, copy the data
- *   back, reopen the gate. */
+ *   back, reopen the gate.
+ * Both replies list the arena placements ("blobs": handle, va, size, device,
+ * host address); whole-process migration saves them from there (gpu_image.py)
+ * and takes the arena out of the address space around the CRIU dump
+ * (arena_detach / arena_attach, arena.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <pthread.h>
@@ -341,6 +345,38 @@ static CUresult copy_all(struct work *w, int to_host)
     return r;
 }
 
+/* The arena placements of a checkpointed process, one object per allocation. */
+struct blob_list {
+    struct jbuf *out;
+    int n;
+};
+
+static void put_blob(struct gpucr_phys *p, void *arg)
+{
+    struct blob_list *b = arg;
+    char key[24];
+    if (!p->host || p->dropped != 1)
+        return;
+    snprintf(key, sizeof key, "%d", b->n++);
+    jb_key_obj(b->out, key);
+    jb_u64(b->out, "handle", p->vhandle);
+    jb_u64(b->out, "va", p->copy_va); /* its whole mapping; 0 when not mapped whole */
+    jb_u64(b->out, "size", p->size);
+    jb_i64(b->out, "device", p->device);
+    jb_u64(b->out, "host", (uint64_t)(uintptr_t)p->host);
+    jb_end(b->out);
+}
+
+static void put_blobs(struct jbuf *out)
+{
+    struct blob_list b = {out, 0};
+    jb_key_obj(out, "blobs");
+    gpucr_table_lock();
+    gpucr_phys_foreach(put_blob, &b);
+    gpucr_table_unlock();
+    jb_end(out);
+}
+
 static void clear_copy_state(struct gpucr_phys *p, void *arg)
 {
     (void)arg;
@@ -390,6 +426,7 @@ void gpucr_cmd_status(struct jbuf *out)
     jb_str(out, "arena_dir", gpucr_arena_dir());
     jb_bool(out, "arena_hugetlb", gpucr_arena_is_hugetlb());
     jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds());
+    jb_i64(out, "arena_detached", gpucr_arena_detached());
     jb_bool(out, "gate_closed", gpucr_gate_is_closed());
     jb_u64(out, "gate_waits", gpucr_gate_waits());
     jb_bool(out, "vmm_backing", gpucr_vmm_backing);
@@ -512,6 +549,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_u64(out, "driver_path_bytes", gpucr_set_sum(SET_ASYNC));
     if (rc != CUDA_SUCCESS)
         jb_str(out, "warning", cu_name(rc));
+    put_blobs(out);
     jb_end(out);
 }
 
@@ -520,6 +558,8 @@ void gpucr_cmd_restore(struct jbuf *out)
     char why[256];
     if (state != ST_CHECKPOINTED)
         return err(out, "not checkpointed: nothing to restore");
+    if (gpucr_arena_detached())
+        return err(out, "the arena is detached (a migration is under way): attach and refill it first");
     double t0 = gpucr_now();
     if (!state_cuda) {
         state = ST_RUNNING;
@@ -599,6 +639,73 @@ void gpucr_cmd_restore(struct jbuf *out)
     jb_bool(out, "cuda", 1);
     jb_f64(out, "data_s", t1 - t0);
     jb_u64(out, "bytes", last_bytes);
+    jb_end(out);
+}
+
+/* ---- migration: the arena out of the address space and back -------------- */
+
+static int host_unregister(void *base, size_t size)
+{
+    (void)size;
+    return D.cuMemHostUnregister(base) == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* Any context: host registrations are portable. */
+static CUresult any_ctx(void)
+{
+    CUcontext ctx = NULL;
+    gpucr_table_lock();
+    const struct u64map *ctxs = gpucr_set_map(SET_CTX);
+    U64MAP_FOREACH(ctxs, i) if (!ctx) ctx = (CUcontext)(uintptr_t)ctxs->keys[i];
+    gpucr_table_unlock();
+    return ctx ? use_ctx(ctx) : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* After the agent saved the blobs, before the driver checkpoint. */
+void gpucr_cmd_arena_detach(struct jbuf *out)
+{
+    char why[200];
+    if (state != ST_CHECKPOINTED || !state_cuda)
+        return err(out, "not checkpointed with GPU data: nothing to detach");
+    double t0 = gpucr_now();
+    CUresult rc = any_ctx();
+    if (rc != CUDA_SUCCESS) {
+        snprintf(why, sizeof why, "no CUDA context to unregister the arena with (%s)", cu_name(rc));
+        return err(out, why);
+    }
+    if (gpucr_arena_detach(host_unregister) != 0) {
+        snprintf(why, sizeof why, "detaching the arena failed (%s)", strerror(errno));
+        return err(out, why);
+    }
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_i64(out, "segments", gpucr_arena_segments());
+    jb_u64(out, "arena_bytes", gpucr_arena_capacity());
+    jb_f64(out, "detach_s", gpucr_now() - t0);
+    jb_end(out);
+}
+
+/* After the driver restore (+ unlock), before the agent refills the blobs. */
+void gpucr_cmd_arena_attach(struct jbuf *out)
+{
+    char why[200];
+    if (state != ST_CHECKPOINTED || !gpucr_arena_detached())
+        return err(out, "the arena is not detached: nothing to attach");
+    double t0 = gpucr_now();
+    CUresult rc = any_ctx();
+    if (rc != CUDA_SUCCESS) {
+        snprintf(why, sizeof why, "no CUDA context to register the arena with (%s); restore the driver state first", cu_name(rc));
+        return err(out, why);
+    }
+    if (gpucr_arena_attach(host_register) != 0) {
+        snprintf(why, sizeof why, "re-creating the arena in %s failed (%s)", gpucr_arena_dir(), strerror(errno));
+        return err(out, why);
+    }
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_u64(out, "arena_bytes", gpucr_arena_capacity());
+    jb_f64(out, "attach_s", gpucr_now() - t0);
+    put_blobs(out);
     jb_end(out);
 }
 

@@ -75,6 +75,10 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
         gpucr_cmd_checkpoint(t, out);
     } else if (!strcmp(req.cmd, "restore")) {
         gpucr_cmd_restore(out);
+    } else if (!strcmp(req.cmd, "arena_detach")) {
+        gpucr_cmd_arena_detach(out);
+    } else if (!strcmp(req.cmd, "arena_attach")) {
+        gpucr_cmd_arena_attach(out);
     } else {
         jb_begin(out);
         jb_bool(out, "ok", 0);

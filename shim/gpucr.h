@@ -121,6 +121,12 @@ size_t gpucr_arena_used(void);
 int gpucr_arena_segments(void);
 double gpucr_arena_setup_seconds(void); /* time spent creating/faulting/registering */
 void gpucr_arena_destroy(gpucr_register_fn unreg); /* unmaps and unlinks */
+/* Migration: segments out of the address space while CRIU dumps (unregistered,
+ * each range held by an inaccessible reservation; contents lost), and back at
+ * the same addresses (new files, pre-faulted, registered, zero-filled). */
+int gpucr_arena_detach(gpucr_register_fn unreg); /* 0, or -1 with errno */
+int gpucr_arena_attach(gpucr_register_fn reg);   /* 0, or -1 with errno */
+int gpucr_arena_detached(void);                  /* segments detached now */
 void gpucr_arena_after_fork_child(void);
 
 /* ---- protocol.c: JSON lines ----------------------------------------- */
@@ -158,5 +164,7 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out);
 void gpucr_cmd_status(struct jbuf *out);
 void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out);
 void gpucr_cmd_restore(struct jbuf *out);
+void gpucr_cmd_arena_detach(struct jbuf *out); /* migration: see checkpoint.c */
+void gpucr_cmd_arena_attach(struct jbuf *out);
 
 #endif

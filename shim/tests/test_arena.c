@@ -2,6 +2,7 @@
  * (no leak over repeated checkpoints), no files left behind, registration
  * callback, preallocation, cleanup. */
 #include <dirent.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -75,8 +76,36 @@ int main(void)
     CHECK(gpucr_arena_segments() == 3 && registered == 3);
     PASS("arena preallocation");
 
+    /* migration: detach leaves an inaccessible reservation of each range (no
+     * file, no data), attach brings zero-filled, registered memory back at the
+     * same addresses */
+    memset(out[0], 'x', more[0]);
+    int unreg_before = unregistered;
+    CHECK(gpucr_arena_detach(unreg) == 0);
+    CHECK(gpucr_arena_detached() == 3 && unregistered == unreg_before + 3);
+    char line[512];
+    int reserved = 0;
+    FILE *maps = fopen("/proc/self/maps", "r");
+    while (fgets(line, sizeof line, maps)) {
+        unsigned long lo, hi;
+        char perms[8];
+        if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo <= (unsigned long)out[0] &&
+            (unsigned long)out[0] < hi)
+            reserved = !strcmp(perms, "---p") && !strstr(line, "gpucr-arena");
+    }
+    fclose(maps);
+    CHECK(reserved);
+    CHECK(gpucr_arena_detach(unreg) == 0 && unregistered == unreg_before + 3); /* idempotent */
+    int reg_before = registered;
+    CHECK(gpucr_arena_attach(reg) == 0);
+    CHECK(gpucr_arena_detached() == 0 && registered == reg_before + 3 && files_in(dir) == 0);
+    CHECK(((char *)out[0])[0] == 0 && ((char *)out[0])[more[0] - 1] == 0);
+    memset(out[0], 'y', more[0]);
+    CHECK(gpucr_arena_segments() == 3);
+    PASS("arena detach/attach");
+
     gpucr_arena_destroy(unreg);
-    CHECK(unregistered == 3 && files_in(dir) == 0 && gpucr_arena_capacity() == 0);
+    CHECK(unregistered == 3 + 3 && files_in(dir) == 0 && gpucr_arena_capacity() == 0);
     rmdir(dir);
     PASS("arena cleanup");
     return 0;
