@@ -1,9 +1,9 @@
 """Restoring a requeued job inside its new batch step.
 
 When a `--gpucr=on` job starts again (restart count > 0) and its image root
-holds a committed checkpoint, the plugin runs this instead of the batch
-script (it replaces the task's argv[0] with the gpucr-hpc command and sets
-GPUCR_RESTORE_BATCH=1; the original script stays in GPUCR_BATCH_SCRIPT).
+holds a committed checkpoint, the plugin sets GPUCR_RESTORE_BATCH=1 and the
+batch supervisor (batch_supervisor.py) calls this instead of starting the
+script (the original script's path is in GPUCR_BATCH_SCRIPT).
 
 1. put the job's output files back as they were at the checkpoint (the new
    batch step truncated them), so the restored processes find them unchanged;
@@ -11,7 +11,7 @@ GPUCR_RESTORE_BATCH=1; the original script stays in GPUCR_BATCH_SCRIPT).
 3. restore the ranks of the `srun` step that was running, as a new step with
    the same layout; when it ends, hand its exit status to the restored srun
    wrapper, so the script continues after `srun` as if it had returned;
-4. wait for the restored script and exit with its status.
+4. the supervisor waits for the restored script and exits with its status.
 
 If no checkpoint can be restored, the job is requeued and held with the
 reason, and the image is left as it was (never deleted, never modified).
@@ -34,6 +34,11 @@ from gpucr_hpc.site import load_site
 
 LOG_NAME = "restore.log"
 _log_path: Path | None = None
+
+
+def open_log(job_dir: Path) -> None:
+    global _log_path
+    _log_path = job_dir / LOG_NAME
 
 
 def log(msg: str) -> None:
@@ -130,54 +135,56 @@ def hand_status(m: dict, rc: int) -> None:
         os.rename(tmp, path)
 
 
-def main() -> int:
-    global _log_path
-    jobid = os.environ["SLURM_JOB_ID"]
-    site = load_site()
+class RestoreFailed(Exception):
+    """The job could not be restored; it was requeued and held with the reason."""
+
+
+def _give_up(jobid: str, reason: str) -> RestoreFailed:
+    log(reason)
+    print(reason, file=sys.stderr, flush=True)
+    slurm.requeue_hold(jobid, reason)
+    return RestoreFailed(reason)
+
+
+def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, subprocess.Popen | None]:
+    """Steps 1 and 2: returns the job manifest, its generation and the
+    restored script tree's launcher (its exit status is the script's), or
+    None for a job that had no batch unit. Raises RestoreFailed."""
     job_dir = site.job_image_dir(jobid)
-    _log_path = job_dir / LOG_NAME
-    # The restorer runs as the batch task, under the shim: keep it out of what we start.
-    os.environ.pop("LD_PRELOAD", None)
+    open_log(job_dir)
     try:
         gen = job_images.restore_target(job_dir)
         m = check_generation(gen)
     except GpucrError as e:
-        reason = f"gpucr: cannot restore job {jobid}: {e.one_line()}"
-        log(reason)
-        print(reason, file=sys.stderr, flush=True)
-        slurm.requeue_hold(jobid, reason)
-        return 1
+        raise _give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}") from e
     log(f"restoring job {jobid} from {gen}")
     t0 = time.monotonic()
     put_back_outputs(gen, m)
     for u in m["units"].values():  # a stale status from before the checkpoint must not count
         if u.get("srun_status"):
             Path(u["srun_status"]).unlink(missing_ok=True)
-    batch = m["units"].get("batch")
     launcher = None
     try:
-        if batch:
-            rep = restore_unit(gen, batch, site, jobid)
-            launcher = rep["_launcher"]
+        if "batch" in m["units"]:
+            launcher = restore_unit(gen, m["units"]["batch"], site, jobid)["_launcher"]
         (job_dir / job_images.RESTORE).unlink(missing_ok=True)
-        log(f"batch tree restored in {time.monotonic() - t0:.2f} s")
-        rc = restore_rank_step(gen, m, jobid)
-        if rc is not None:
-            hand_status(m, rc)
     except GpucrError as e:
-        reason = f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}"
-        log(reason)
-        print(reason, file=sys.stderr, flush=True)
         if launcher is not None:
             launcher.kill()
-        slurm.requeue_hold(jobid, reason)
-        return 1
-    if launcher is None:
-        return rc or 0
-    status = launcher.wait()
-    log(f"batch script ended with status {status}")
-    return status
+        raise _give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
+    log(f"batch tree restored in {time.monotonic() - t0:.2f} s")
+    return m, gen, launcher
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | None) -> int | None:
+    """Step 3: the srun step's ranks; their status goes to the restored srun
+    wrapper. Returns the step's exit status (None: there was no step)."""
+    try:
+        rc = restore_rank_step(gen, m, jobid)
+    except GpucrError as e:
+        if launcher is not None:
+            launcher.kill()
+        raise _give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
+    if rc is not None:
+        hand_status(m, rc)
+    return rc

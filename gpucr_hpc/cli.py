@@ -33,11 +33,11 @@ cli.add_command(cmd_job.ls)
 
 
 def main():
-    if os.environ.get("GPUCR_RESTORE_BATCH") == "1":
-        # Started by the SPANK plugin in place of a requeued job's batch script.
-        from gpucr_hpc import batch_restore
+    if os.environ.get("GPUCR_BATCH_SUPERVISE") == "1":
+        # The batch step's task of a --gpucr=on job (spank/restart.c).
+        from gpucr_hpc import batch_supervisor
 
-        sys.exit(batch_restore.main())
+        sys.exit(batch_supervisor.main())
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Abort:

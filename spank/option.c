@@ -7,7 +7,10 @@
 #include <stdio.h>
 #include <strings.h>
 
+#include "warn_signal.h"
+
 static enum gpucr_mode mode = GPUCR_UNSET;
+static const struct gpucr_site *site_cfg;
 
 int gpucr_parse_mode(const char *arg)
 {
@@ -32,7 +35,8 @@ static int option_cb(int val, const char *optarg, int remote)
 	(void)val;
 	if (m < 0)
 		return -1;   /* Slurm says "Invalid --gpucr argument: VALUE" */
-	(void)remote;
+	if (!remote && m == GPUCR_ON && site_cfg)
+		gpucr_warn_signal_request(site_cfg);   /* an #SBATCH line */
 	mode = m;
 	return 0;
 }
@@ -47,8 +51,9 @@ static struct spank_option gpucr_option = {
 	option_cb,
 };
 
-int gpucr_option_register(spank_t sp)
+int gpucr_option_register(spank_t sp, const struct gpucr_site *site)
 {
+	site_cfg = site;
 	spank_err_t rc = spank_option_register(sp, &gpucr_option);
 
 	if (rc != ESPANK_SUCCESS) {

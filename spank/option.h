@@ -6,6 +6,8 @@
 
 #include <slurm/spank.h>
 
+#include "site_config.h"
+
 enum gpucr_mode {
 	GPUCR_UNSET = 0,   /* option not given */
 	GPUCR_ON,
@@ -22,7 +24,7 @@ enum gpucr_mode {
 int gpucr_parse_mode(const char *arg);
 
 /* Register --gpucr with Slurm (all contexts that take options). */
-int gpucr_option_register(spank_t sp);
+int gpucr_option_register(spank_t sp, const struct gpucr_site *site);
 
 /* Mode given on the command line (or replayed by slurmstepd). */
 enum gpucr_mode gpucr_option_mode(void);

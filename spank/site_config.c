@@ -7,6 +7,7 @@
 #include "site_config.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #define DEFAULT_ARENA     "/dev/shm"
 #define DEFAULT_CLI       "/usr/local/bin/gpucr-hpc"
 #define DEFAULT_BINDIR    "/usr/local/lib/gpucr/bin"
+#define DEFAULT_SIGNAL    "USR2@120"
 
 struct key {
 	const char *name;
@@ -35,7 +37,29 @@ static const struct key keys[] = {
 	{ "vendor",      FIELD(vendor),      0 },
 	{ "cli",         FIELD(cli),         1 },
 	{ "bindir",      FIELD(bindir),      1 },
+	{ "signal",      FIELD(signal),      0 },
 };
+
+/* signal=SIG@SECS: a signal name Slurm's --signal accepts, and the seconds
+ * before the time limit; or "off". */
+static int signal_valid(const char *v)
+{
+	static const char *names[] = { "USR1", "USR2", "URG", "XCPU", "PWR", "WINCH" };
+	const char *at = strchr(v, '@');
+	char *end;
+
+	if (!strcmp(v, "off"))
+		return 1;
+	if (!at || at == v || !at[1])
+		return 0;
+	strtoul(at + 1, &end, 10);
+	if (*end)
+		return 0;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strlen(names[i]) == (size_t)(at - v) && !strncmp(names[i], v, at - v))
+			return 1;
+	return 0;
+}
 
 static int set_error(struct gpucr_site *site, const char *fmt, const char *arg)
 {
@@ -55,6 +79,7 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 	snprintf(site->arena, sizeof(site->arena), "%s", DEFAULT_ARENA);
 	snprintf(site->cli, sizeof(site->cli), "%s", DEFAULT_CLI);
 	snprintf(site->bindir, sizeof(site->bindir), "%s", DEFAULT_BINDIR);
+	snprintf(site->signal, sizeof(site->signal), "%s", DEFAULT_SIGNAL);
 
 	for (int i = 0; i < ac; i++) {
 		const char *eq = strchr(av[i], '=');
@@ -68,7 +93,7 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 			}
 		}
 		if (!k) {
-			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir=)", av[i]);
+			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal=)", av[i]);
 			continue;
 		}
 		const char *val = eq + 1;
@@ -78,6 +103,10 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 		}
 		if (strlen(val) >= k->size) {
 			rc = set_error(site, "plugstack.conf argument '%s' is too long", av[i]);
+			continue;
+		}
+		if (!strcmp(k->name, "signal") && !signal_valid(val)) {
+			rc = set_error(site, "plugstack.conf argument '%s' must be SIG@SECONDS (SIG one of USR1 USR2 URG XCPU PWR WINCH) or off", av[i]);
 			continue;
 		}
 		memcpy((char *)site + k->offset, val, strlen(val) + 1);

@@ -17,6 +17,7 @@ struct gpucr_site {
 	char vendor[32];            /* vendor=nvidia|amd                         */
 	char cli[PATH_MAX];         /* cli=PATH         the gpucr-hpc command    */
 	char bindir[PATH_MAX];      /* bindir=DIR       holds the srun wrapper   */
+	char signal[32];            /* signal=SIG@SECS|off  checkpoint warning  */
 	char error[512];            /* first problem found, "" when none         */
 };
 

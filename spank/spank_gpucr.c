@@ -36,6 +36,7 @@
 #include "site_config.h"
 #include "step_info.h"
 #include "task_env.h"
+#include "warn_signal.h"
 
 SPANK_PLUGIN(gpucr, 1);
 
@@ -85,7 +86,9 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	site_rc = gpucr_site_parse(&site, ac, av);
 	check_slurm_version(sp);
 	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR || ctx == S_CTX_REMOTE)
-		gpucr_option_register(sp);
+		gpucr_option_register(sp, &site);
+	if (ctx == S_CTX_ALLOCATOR && site_rc == 0)
+		gpucr_warn_signal_from_cmdline(&site);
 	if (site_rc != 0 && ctx == S_CTX_SLURMD)
 		slurm_error("gpucr: %s; --gpucr=on jobs will fail", site.error);
 	return 0;
@@ -197,6 +200,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (gpucr_task_record(step.rundir, step.name, (uint32_t)localid, getpid(),
 			      rank, step.uid, step.gid, err, sizeof(err)) != 0)
 		task_fail("task registry: %s", err);
+	gpucr_warn_signal_forget(sp);
 	if (gpucr_batch_task_init(sp, &site, &step, err, sizeof(err)) != 0)
 		task_fail("%s", err);
 	return 0;

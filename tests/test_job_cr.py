@@ -202,3 +202,39 @@ def test_ranks_connected_across_nodes_are_refused(slurm_cluster, workdir):
         assert '"committed": true' not in ls.stdout
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_preempted_by_higher_priority_job_is_checkpointed_automatically(slurm_cluster, workdir):
+    """No gpucr-hpc command at all: Slurm preempts the job for an urgent one. Its warning
+    signal (PreemptParameters / SlurmctldParameters=preempt_send_user_signal) makes the
+    batch supervisor checkpoint and requeue it within the grace time; it runs again
+    and goes on from the checkpoint, with the user's script unchanged."""
+    steps = 200
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
+srun --ntasks=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+echo "after srun rc=$?"
+""")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N1", "--ntasks=2", "-o", str(out))
+    info = slurm_cluster.wait_state(jobid, "RUNNING")
+    ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
+    wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), what="both ranks to count")
+
+    urgent_sh = workdir / "urgent.sh"
+    urgent_sh.write_text("#!/bin/bash\nsleep 3\necho urgent done\n")
+    urgent = slurm_cluster.sbatch(urgent_sh, "-p", "urgent", "-w", info["NodeList"],
+                                  "--exclusive", "-o", str(workdir / "urgent.out"))
+    wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", timeout=60,
+             what="the preempted job to be requeued")
+    slurm_cluster.wait_state(urgent, "COMPLETED", timeout=120)
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED", (text, info)
+    assert f"gpucr: checkpointing job {jobid} before preemption" in text, text
+    for p in ranks:
+        assert_counted_once(p, steps)
+    assert text.count("start restart=") == 1, text
+    assert text.count("after srun rc=0") == 1, text
+    assert "urgent done" in (workdir / "urgent.out").read_text()

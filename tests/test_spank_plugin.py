@@ -11,6 +11,7 @@ file is put back at the end.
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import time
@@ -67,6 +68,8 @@ class Spank:
         # keep the cluster's choice of `required` / `optional`
         words = self.plugstack.read_text().split()
         self.keyword = words[0] if words and words[0] in ("required", "optional") else "optional"
+        # The batch step runs under the installed gpucr-hpc supervisor (cli=, bindir=).
+        self.installed = dict(w.split("=", 1) for w in words if w.startswith(("cli=", "bindir=")))
 
     def rundir_root(self, node):
         return self.root / "nodes" / node / "run"
@@ -75,7 +78,7 @@ class Spank:
         args = {"shim": str(self.shim), "rundir": str(self.root / "nodes" / "%n" / "run"),
                 "imageroot": str(self.root / "images"),
                 "arena": str(self.root / "nodes" / "%n" / "arena"),
-                "gpu_feature": "gpu_nvidia"}
+                "gpu_feature": "gpu_nvidia", **self.installed}
         args.update(override)
         return "%s %s %s\n" % (self.keyword, self.plugin, " ".join(f"{k}={v}" for k, v in args.items()))
 
@@ -121,6 +124,7 @@ def spank(slurm_cluster, tmp_path_factory):
     for d in (root, root / "lib"):
         d.chmod(0o755)
     (root / "out").chmod(0o1777)
+    (root / "images").chmod(0o1777)  # as a site's image root: users create their job dirs
     s = Spank(slurm_cluster, root)
     shutil.copy(REPO / "spank" / "spank_gpucr.so", s.plugin)
     src = tmp_path_factory.mktemp("shim") / "shim.c"
@@ -358,3 +362,65 @@ def test_plugin_disabled(spank):
         assert "LD_PRELOAD" not in p["env"]
     finally:
         spank.configure(spank.line())
+
+
+def sbatch_signal(spank, *args, env=None) -> str:
+    """The warning signal sbatch would submit (`sbatch -v` prints its options)."""
+    script = spank.out / "signal.sh"
+    script.write_text("#!/bin/bash\n" + "".join(f"#SBATCH {a}\n" for a in args if a.startswith("#"))
+                      .replace("#SBATCH #", "#SBATCH ") + "true\n")
+    cmdline = [a for a in args if not a.startswith("#")]
+    res = spank.run("sbatch", "-v", "--hold", "--parsable", *cmdline, str(script), env=env)
+    assert res.returncode == 0, res.stderr
+    spank.run("scancel", res.stdout.strip().split(";")[0])
+    found = re.search(r"^sbatch: signal\s*: (\S+)$", res.stderr, re.M)
+    return found.group(1) if found else ""
+
+
+def test_gpucr_job_gets_the_checkpoint_warning_signal(spank):
+    """--gpucr=on, on the command line (even after -o FILE) or in an #SBATCH line, asks
+    for the site's warning signal for the batch step alone; the user's own wins."""
+    assert sbatch_signal(spank, "--gpucr=on") == "B:USR2@120"
+    assert sbatch_signal(spank, "-o", "/dev/null", "--gpucr") == "B:USR2@120"
+    assert sbatch_signal(spank, "#--gpucr=on") == "B:USR2@120"
+    assert sbatch_signal(spank, "--gpucr=on", "--signal=B:USR1@30") == "B:USR1@30"
+    env = dict(spank.cluster.env, SBATCH_SIGNAL="USR1@40")
+    assert sbatch_signal(spank, "--gpucr=on", env=env) == "USR1@40"
+    assert sbatch_signal(spank) == ""
+    assert sbatch_signal(spank, "--gpucr=off") == ""
+    spank.configure(spank.line(signal="XCPU@300"))
+    try:
+        assert sbatch_signal(spank, "--gpucr=on") == "B:XCPU@300"
+        spank.configure(spank.line(signal="off"))
+        assert sbatch_signal(spank, "--gpucr=on") == ""
+    finally:
+        spank.configure(spank.line())
+
+
+def test_bad_signal_argument_fails_only_gpucr_jobs(spank):
+    spank.configure(spank.line(signal="KILL@10"))
+    try:
+        jobid, rc, out = spank.batch("echo ran\n", "--gpucr=on", "-N1")
+        assert rc != 0 and "signal=KILL@10" in out and "SIG@SECONDS" in out, out
+        jobid, rc, out = spank.batch("echo ran\n", "-N1")
+        assert rc == 0 and "ran" in out, out
+    finally:
+        spank.configure(spank.line())
+
+
+def test_batch_script_runs_under_the_supervisor(spank):
+    """The script is the supervisor's child: its pid is the one registered, it does not
+    see the supervisor's variables or the request for SBATCH_SIGNAL, its exit status is
+    the job's, and a signal sent to the batch step alone reaches it."""
+    jobid, rc, out = spank.batch(
+        'echo "pid=$$"; env | grep -E "^(GPUCR_BATCH|GPUCR_CHECKPOINT|SBATCH_SIGNAL|GPUCR_SBATCH)" '
+        '| sed "s/^/leak: /"; cat "$GPUCR_RUN_DIR/tasks/batch.0"\n'
+        'trap "echo got USR1; exit 7" USR1\n'
+        'scancel --batch --signal=USR1 "$SLURM_JOB_ID"\n'
+        'for i in $(seq 100); do sleep 0.1; done; echo "no signal"\n',
+        "--gpucr=on", "-N1")
+    assert "leak:" not in out, out
+    pid = next(l.split("=")[1] for l in out.splitlines() if l.startswith("pid="))
+    assert f"pid={pid}" in out.splitlines()[1:], out   # the registry names the script
+    assert "got USR1" in out and "no signal" not in out, out
+    assert rc == 7, out

@@ -1,0 +1,183 @@
+"""The batch step of a `--gpucr=on` job: the script runs under this supervisor.
+
+The plugin makes the gpucr-hpc command the batch step's task (spank/restart.c)
+and sets GPUCR_BATCH_SUPERVISE=1. The supervisor
+
+1. starts the script as its child, or, for a requeued job with a committed
+   checkpoint, restores the script's tree and the running step's ranks
+   (batch_restore.py);
+2. records the script's pid in the task registry, so that node agents
+   checkpoint the script's tree, never this process;
+3. on the job's warning signal (GPUCR_CHECKPOINT_SIGNAL: Slurm sends it at the
+   start of a preemption's grace time, and before the time limit; see
+   spank/warn_signal.c) checkpoints the whole job and requeues it, so that it
+   goes on from there when it runs again;
+4. hands the other signals sent to it alone (`scancel --batch --signal`) on to
+   the script;
+5. exits with the script's status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from gpucr_hpc import batch_restore, job_cr, slurm
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.site import load_site
+
+# Ours only: read here, never passed to the script (a gpucr-hpc command in it
+# must not think it is the supervisor).
+OWN_ENV = ("GPUCR_BATCH_SUPERVISE", "GPUCR_RESTORE_BATCH", "GPUCR_BATCH_SCRIPT",
+           "GPUCR_BATCH_ARGV", "GPUCR_CHECKPOINT_SIGNAL", "GPUCR_CHECKPOINT_LEAD")
+FORWARDED = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM,
+             signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM}
+
+
+def say(msg: str) -> None:
+    print(f"gpucr: {msg}", file=sys.stderr, flush=True)
+
+
+def checkpoint_signal(name: str | None) -> signal.Signals | None:
+    if not name or name == "off":
+        return None
+    try:
+        return signal.Signals[f"SIG{name}"]
+    except KeyError:
+        say(f"unknown checkpoint signal {name!r} (plugstack.conf signal=); "
+            "no automatic checkpoint for this job")
+        return None
+
+
+def script_argv(argv: list[str], env: dict) -> list[str]:
+    """Slurm 22.05: argv[0] (the script) was replaced by us; 23.02+: we were put before it."""
+    if env.get("GPUCR_BATCH_ARGV") == "prepended":
+        return argv[1:]
+    return [env["GPUCR_BATCH_SCRIPT"], *argv[1:]]
+
+
+def split_env() -> dict:
+    """The script's environment (the job's, shim included); this process keeps
+    one without the shim and without the srun wrapper, for what it starts."""
+    child_env = {k: v for k, v in os.environ.items() if k not in OWN_ENV}
+    bindir = load_site().bindir
+    os.environ.pop("LD_PRELOAD", None)
+    os.environ["PATH"] = ":".join(p for p in os.environ.get("PATH", "").split(":") if p != bindir)
+    return child_env
+
+
+def seconds(limit: str) -> int | None:
+    """Slurm's TimeLimit ([D-]HH:MM:SS, MM:SS, UNLIMITED) in seconds."""
+    days, _, hms = limit.rpartition("-")
+    try:
+        parts = [int(x) for x in hms.split(":")]
+    except ValueError:
+        return None
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return int(days or 0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def checkpoint_and_requeue(jobid: str, lead: int) -> None:
+    try:
+        job = slurm.show_job(jobid)
+    except GpucrError as e:
+        say(f"automatic checkpoint of job {jobid} skipped: {e.one_line()}")
+        return
+    preempted = job.raw.get("PreemptTime", "None") != "None"
+    why = "preemption" if preempted else "the time limit"
+    limit = seconds(job.raw.get("TimeLimit", ""))
+    if not preempted and limit is not None and limit < 2 * lead:
+        # Else every run would be warned right at its start and requeued again.
+        say(f"job {jobid}'s time limit ({job.raw['TimeLimit']}) is shorter than twice the "
+            f"checkpoint lead ({lead} s): not checkpointing before it, so that it cannot "
+            "requeue forever; ask for a longer --time")
+        return
+    say(f"checkpointing job {jobid} before {why}")
+    try:
+        result = job_cr.preempt(jobid)
+    except GpucrError as e:
+        say(f"automatic checkpoint of job {jobid} failed: {e.one_line()}; "
+            "the job keeps running, and if Slurm ends it, it goes on from its last checkpoint")
+        return
+    batch_restore.log(f"checkpointed {result.get('generation', '')} before {why}; requeued")
+
+
+def exit_like(status: int) -> int:
+    """The script's status as ours: a signal death is passed on as one."""
+    if status < 0:
+        sig = -status
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+        return 128 + sig
+    return status
+
+
+def supervise(child: subprocess.Popen, jobid: str, ckpt_sig: signal.Signals | None,
+              lead: int, waited: set) -> int:
+    while True:
+        info = signal.sigtimedwait(waited, 1.0)
+        if child.poll() is not None:
+            return child.returncode
+        if info is None or info.si_signo == signal.SIGCHLD:
+            continue
+        if ckpt_sig is not None and info.si_signo == ckpt_sig:
+            checkpoint_and_requeue(jobid, lead)
+        else:
+            try:
+                child.send_signal(info.si_signo)
+            except ProcessLookupError:
+                pass
+
+
+def main() -> int:
+    jobid = os.environ["SLURM_JOB_ID"]
+    ckpt_sig = checkpoint_signal(os.environ.get("GPUCR_CHECKPOINT_SIGNAL"))
+    lead = int(os.environ.get("GPUCR_CHECKPOINT_LEAD") or 0)
+    restoring = os.environ.get("GPUCR_RESTORE_BATCH") == "1"
+    argv = script_argv(sys.argv, os.environ)
+    child_env = split_env()
+    for k in OWN_ENV:
+        if k != "GPUCR_BATCH_SCRIPT":  # the restorer still needs it
+            os.environ.pop(k, None)
+    waited = FORWARDED | {signal.SIGCHLD} | ({ckpt_sig} if ckpt_sig else set())
+    # Blocked before any thread or child exists; the child gets them back.
+    signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    site = load_site()
+    batch_restore.open_log(site.job_image_dir(jobid))
+    if restoring:
+        try:
+            m, gen, child = batch_restore.restore_batch_tree(jobid, site)
+        except batch_restore.RestoreFailed:
+            return 1
+        step_rc: list[int | None] = []
+        ranks = threading.Thread(target=_restore_ranks, args=(jobid, m, gen, child, step_rc),
+                                 daemon=True)
+        ranks.start()
+        if child is None:  # no batch tree: the job's status is the step's
+            ranks.join()
+            return (step_rc or [1])[0] or 0
+    else:
+        child = subprocess.Popen(argv, env=child_env, close_fds=False,
+                                 preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, waited))
+        batch_restore.register(site.job_run_dir(jobid), {"step": "batch", "rank": 0}, child.pid)
+    status = supervise(child, jobid, ckpt_sig, lead, waited)
+    batch_restore.log(f"batch script ended with status {status}")
+    return exit_like(status)
+
+
+def _restore_ranks(jobid, m, gen, child, step_rc: list) -> None:
+    """In a thread: the ranks run as long as the job, and signals must still be answered."""
+    try:
+        step_rc.append(batch_restore.restore_ranks(jobid, m, gen, child))
+    except batch_restore.RestoreFailed:
+        step_rc.append(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
