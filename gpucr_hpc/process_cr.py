@@ -127,7 +127,9 @@ def shim_checkpoint(targets, timeout_ms: int, run_dir: Path | None = None) -> li
         r = ShimClient(t.pid, run_dir).checkpoint(timeout_ms)
         t.result["checkpoint"] = r
         if not r.get("ok"):
-            raise GpucrError(f"process {t.pid}: {r.get('error', 'checkpoint failed')}", "")
+            why = r.get("error", "checkpoint failed")
+            raise GpucrError(f"process {t.pid}: {why}",
+                             "retry when the GPU is less busy, or give a longer --timeout" if "timed out" in why else "")
         t.shim_state = "checkpointed"
         return t
 

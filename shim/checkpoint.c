@@ -115,13 +115,18 @@ static int refusal(char *why, size_t len)
     }
     gpucr_table_unlock();
     if (managed)
-        snprintf(why, len, "managed (UVM) memory is in use (%zu allocations): the driver cannot checkpoint it", managed);
+        snprintf(why, len, "checkpoint refused: the process uses managed (UVM) memory (%zu allocation%s), which the driver "
+                 "cannot checkpoint; it keeps running (cudaMalloc instead of cudaMallocManaged makes it checkpointable)",
+                 managed, managed == 1 ? "" : "s");
     else if (s.exported || legacy || gpucr_ipc_sticky)
-        snprintf(why, len, "GPU memory is exported to other processes (IPC): the driver cannot checkpoint it");
+        snprintf(why, len, "checkpoint refused: the process exports GPU memory to other processes (CUDA IPC), which the "
+                 "driver cannot checkpoint; it keeps running");
     else if (s.imported || opened)
-        snprintf(why, len, "GPU memory of another process is imported (IPC): the driver cannot checkpoint it");
+        snprintf(why, len, "checkpoint refused: the process maps GPU memory of another process (CUDA IPC), which the "
+                 "driver cannot checkpoint; it keeps running");
     else if (mps)
-        snprintf(why, len, "the process is an MPS client: the driver cannot checkpoint it");
+        snprintf(why, len, "checkpoint refused: the process is an MPS client, which the driver cannot checkpoint; it keeps "
+                 "running (run it without MPS to make it checkpointable)");
     else
         return 0;
     return 1;
@@ -160,8 +165,16 @@ static void *sync_thread(void *arg)
 static int sync_contexts(long timeout_ms, CUresult *rc)
 {
     static struct sync_job job; /* outlives a timed-out wait */
-    if (__atomic_load_n(&sync_busy, __ATOMIC_SEQ_CST))
-        return 1;
+    double deadline = gpucr_now() + timeout_ms / 1000.0;
+    /* the sync of an earlier, timed-out checkpoint may still run: wait for it */
+    while (__atomic_load_n(&sync_busy, __ATOMIC_SEQ_CST)) {
+        if (gpucr_now() >= deadline)
+            return 1;
+        usleep(1000);
+    }
+    timeout_ms = (long)((deadline - gpucr_now()) * 1000);
+    if (timeout_ms < 1)
+        timeout_ms = 1;
     memset(&job, 0, sizeof job);
     pthread_mutex_init(&job.mu, NULL);
     pthread_cond_init(&job.cv, NULL);
@@ -398,12 +411,16 @@ static void status_phys(struct gpucr_phys *p, void *arg)
 void gpucr_cmd_status(struct jbuf *out)
 {
     uint64_t acc[2] = {0, 0};
+    struct refuse_scan shared = {0, 0};
     gpucr_table_lock();
     gpucr_phys_foreach(status_phys, acc);
+    gpucr_phys_foreach(scan_phys, &shared);
     size_t nphys = gpucr_phys_count(), nmaps = gpucr_map_count();
     size_t nasync = gpucr_set_count(SET_ASYNC), nmanaged = gpucr_set_count(SET_MANAGED);
     uint64_t async_bytes = gpucr_set_sum(SET_ASYNC);
-    size_t ipc = gpucr_set_count(SET_IPC_LEGACY) + gpucr_set_count(SET_IPC_OPENED) + gpucr_ipc_sticky;
+    size_t ipc = gpucr_set_count(SET_IPC_OPENED) + gpucr_ipc_sticky + (size_t)shared.imported;
+    /* a legacy export of a shim-owned allocation is both in the set and flagged */
+    ipc += gpucr_set_count(SET_IPC_LEGACY) > (size_t)shared.exported ? gpucr_set_count(SET_IPC_LEGACY) : (size_t)shared.exported;
     gpucr_table_unlock();
     jb_begin(out);
     jb_bool(out, "ok", 1);
@@ -471,6 +488,10 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
             snprintf(why, sizeof why, "quiesce timed out after %ld ms waiting for GPU work to finish; checkpoint aborted, the process keeps running", timeout_ms);
         else
             snprintf(why, sizeof why, "synchronizing the GPU failed (%s); checkpoint aborted, the process keeps running", cu_name(rc));
+        return err(out, why);
+    }
+    if (refusal(why, sizeof why)) { /* shared or managed while we waited */
+        gpucr_gate_open();
         return err(out, why);
     }
     trim_pools();

@@ -1,6 +1,8 @@
 /* The control socket: <run dir>/<pid>.sock, one JSON object per line each way,
  * served by one shim thread. Only the process's own user and root are answered
- * (SO_PEERCRED). After fork, the child gets its own socket and thread. */
+ * (SO_PEERCRED). After fork, the child gets its own socket and thread.
+ * One answer carries a file descriptor (SCM_RIGHTS): ipc_fd, the shareable
+ * handle behind a legacy IPC handle this process gave out (ipc_legacy.c). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -20,10 +22,11 @@
 static char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static int listen_fd = -1;
 static pid_t owner_pid;
+static int pending_fd = -1; /* sent with the next reply, then closed */
 
 const char *gpucr_control_path(void) { return path; }
 
-static int run_dir(char *out, size_t len)
+int gpucr_run_dir(char *out, size_t len)
 {
     const char *d = getenv("GPUCR_RUN_DIR");
     const char *x = getenv("XDG_RUNTIME_DIR");
@@ -79,6 +82,20 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
         gpucr_cmd_arena_detach(out);
     } else if (!strcmp(req.cmd, "arena_attach")) {
         gpucr_cmd_arena_attach(out);
+    } else if (!strcmp(req.cmd, "ipc_fd")) {
+        uint64_t size = 0;
+        int fd = gpucr_ipc_export_fd(req.id, &size);
+        jb_begin(out);
+        jb_bool(out, "ok", fd >= 0);
+        if (fd >= 0) {
+            jb_u64(out, "size", size);
+            if (pending_fd >= 0)
+                close(pending_fd);
+            pending_fd = fd;
+        } else {
+            jb_str(out, "error", "no such IPC export in this process");
+        }
+        jb_end(out);
     } else {
         jb_begin(out);
         jb_bool(out, "ok", 0);
@@ -100,9 +117,42 @@ static void write_all(int fd, const char *buf, size_t len)
     }
 }
 
+/* The first byte goes with the pending descriptor, if any. */
+static void send_fd(int fd, const char *buf)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof ctl);
+    struct iovec iov = {(void *)buf, 1};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.b;
+    msg.msg_controllen = sizeof ctl.b;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &pending_fd, sizeof(int));
+    while (sendmsg(fd, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR)
+        ;
+}
+
 static void reply(int fd, struct jbuf *j)
 {
-    write_all(fd, j->buf, j->len);
+    const char *buf = j->buf;
+    size_t len = j->len;
+    if (pending_fd >= 0 && len > 0) {
+        send_fd(fd, buf);
+        close(pending_fd);
+        pending_fd = -1;
+        buf++;
+        len--;
+    }
+    write_all(fd, buf, len);
     write_all(fd, "\n", 1);
 }
 
@@ -171,7 +221,7 @@ static void *server(void *arg)
 int gpucr_control_start(void)
 {
     char dir[sizeof path];
-    if (run_dir(dir, sizeof dir - 16) < 0)
+    if (gpucr_run_dir(dir, sizeof dir - 16) < 0)
         return -1;
     int n = snprintf(path, sizeof path, "%s/%d.sock", dir, (int)getpid());
     if (n < 0 || (size_t)n >= sizeof path) {

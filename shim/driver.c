@@ -26,6 +26,7 @@ static __thread int loading;
 
 static const struct gpucr_hook *const lists[] = {
     gpucr_hooks_gated, gpucr_hooks_alloc, gpucr_hooks_vmm, gpucr_hooks_async, gpucr_hooks_getproc,
+    gpucr_hooks_ipc,
 };
 
 static void resolve_real_dlsym(void)

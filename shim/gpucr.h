@@ -133,6 +133,7 @@ void gpucr_arena_after_fork_child(void);
 struct gpucr_req {
     char cmd[32];
     long timeout_ms; /* -1 when absent */
+    uint64_t id;     /* "id" of ipc_fd requests; 0 when absent */
 };
 int gpucr_req_parse(const char *line, struct gpucr_req *req); /* 0 ok, -1 bad */
 
@@ -157,6 +158,7 @@ int gpucr_control_start(void);
 void gpucr_control_stop(void);
 void gpucr_control_after_fork_child(void);
 const char *gpucr_control_path(void);
+int gpucr_run_dir(char *out, size_t len); /* creates it (0700) if missing; 0 ok */
 /* Answers one request line into out (one JSON object, no newline). */
 void gpucr_control_dispatch(const char *line, struct jbuf *out);
 
@@ -166,5 +168,8 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out);
 void gpucr_cmd_restore(struct jbuf *out);
 void gpucr_cmd_arena_detach(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_arena_attach(struct jbuf *out);
+/* ipc_legacy.c: a new descriptor for legacy IPC export ID (the caller closes
+ * it) and its size; -1 when there is no such export. */
+int gpucr_ipc_export_fd(uint64_t id, uint64_t *size);
 
 #endif

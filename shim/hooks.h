@@ -18,6 +18,7 @@ extern const struct gpucr_hook gpucr_hooks_alloc[];
 extern const struct gpucr_hook gpucr_hooks_vmm[];
 extern const struct gpucr_hook gpucr_hooks_async[];
 extern const struct gpucr_hook gpucr_hooks_getproc[];
+extern const struct gpucr_hook gpucr_hooks_ipc[];
 
 /* The real driver functions the shim itself calls (exported names). */
 typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuuint64_t);
@@ -76,6 +77,7 @@ extern unsigned long gpucr_ipc_sticky; /* pools exported/imported: never forgets
             return CUDA_ERROR_NOT_INITIALIZED;      \
     } while (0)
 
+void gpucr_ipc_forget(uint64_t vhandle); /* an exported allocation is freed */
 void gpucr_note_context(void); /* remember the calling thread's current context */
 void gpucr_checkpoint_after_fork_child(void);
 void gpucr_arena_start_prealloc(size_t size);

@@ -1,7 +1,7 @@
 /* Plain allocations (cuMemAlloc/cuMemFree), backed by VMM inside the shim so a
  * checkpoint can release their physical memory and keep their addresses.
- * Also: managed memory and legacy IPC, which are only tracked (they make a
- * checkpoint refuse). */
+ * Also: managed memory, which is only tracked (it makes a checkpoint refuse).
+ * Legacy IPC on these allocations: ipc_legacy.c. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +14,7 @@ _Static_assert(sizeof(CUmemAccessDesc) <= GPUCR_ACCESS_BYTES, "access blob too s
 
 #define MAX_DEV 64
 static signed char vmm_ok[MAX_DEV]; /* 0 unknown, 1 yes, -1 no */
+static signed char fd_ok[MAX_DEV];  /* exportable as a POSIX fd: 0 unknown, 1 yes, -1 no */
 
 void gpucr_note_context(void)
 {
@@ -38,6 +39,19 @@ static int device_has_vmm(CUdevice dev)
     return vmm_ok[dev] > 0;
 }
 
+/* Allocations are created exportable (POSIX fd) where the device can, so that
+ * legacy IPC on them works (ipc_legacy.c); the driver says this costs nothing
+ * until a handle is actually exported. */
+static int device_has_fd_export(CUdevice dev)
+{
+    if (!fd_ok[dev]) {
+        int v = 0;
+        D.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+        fd_ok[dev] = v ? 1 : -1;
+    }
+    return fd_ok[dev] > 0;
+}
+
 /* reserve + create + map + set access; 1 = not applicable (use the real call) */
 static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes, int *fallback)
 {
@@ -52,6 +66,8 @@ static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes, int *fallback)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = dev;
+    if (device_has_fd_export(dev))
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t gran = 0;
     if (D.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !gran)
         return CUDA_SUCCESS;
@@ -61,10 +77,22 @@ static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes, int *fallback)
     CUresult r = D.cuMemAddressReserve(&va, size, 0, 0, 0);
     if (r != CUDA_SUCCESS)
         return CUDA_SUCCESS;
-    *fallback = 0;
     r = D.cuMemCreate(&h, size, &prop, 0);
-    if (r != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.requestedHandleTypes) {
+        fd_ok[dev] = -1; /* no exportable memory here: plain VMM still serves */
+        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+        r = D.cuMemCreate(&h, size, &prop, 0);
+    }
+    if (r != CUDA_SUCCESS) {
+        /* out of memory is the answer; anything else: VMM does not serve here */
+        *fallback = r != CUDA_ERROR_OUT_OF_MEMORY;
+        if (*fallback && vmm_ok[dev] > 0) {
+            gpucr_log("VMM allocation failed (CUDA error %d): plain allocations on device %d go to the driver", (int)r, (int)dev);
+            vmm_ok[dev] = -1;
+        }
         goto free_va;
+    }
+    *fallback = 0;
     r = D.cuMemMap(va, size, 0, h, 0);
     if (r != CUDA_SUCCESS)
         goto release;
@@ -128,9 +156,14 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     if (p && (p->flags & PHYS_SHIM_OWNED)) {
         size_t size = m->size;
         uint64_t rh = p->rhandle;
+        uint64_t vh = p->vhandle;
+        int exported = (p->flags & PHYS_EXPORTED) != 0;
         gpucr_map_del(dptr);
-        gpucr_phys_del(p->vhandle);
+        gpucr_phys_del(vh);
+        gpucr_set_take(SET_IPC_LEGACY, dptr, NULL);
         gpucr_table_unlock();
+        if (exported)
+            gpucr_ipc_forget(vh);
         D.cuCtxSynchronize(); /* cuMemFree waits for work using the memory */
         D.cuMemUnmap(dptr, size);
         D.cuMemRelease(rh);
@@ -160,53 +193,10 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesi
     return r;
 }
 
-GPUCR_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
-{
-    GPUCR_LOAD_OR_FAIL();
-    CUresult r = D.cuIpcGetMemHandle(pHandle, dptr);
-    if (r == CUDA_SUCCESS) {
-        gpucr_table_lock();
-        gpucr_set_put(SET_IPC_LEGACY, dptr, 1);
-        gpucr_table_unlock();
-    }
-    return r;
-}
-
-GPUCR_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
-{
-    GPUCR_LOAD_OR_FAIL();
-    gpucr_gate_enter();
-    CUresult r = D.cuIpcOpenMemHandle_v2(pdptr, handle, flags);
-    if (r == CUDA_SUCCESS) {
-        gpucr_table_lock();
-        gpucr_set_put(SET_IPC_OPENED, *pdptr, 1);
-        gpucr_table_unlock();
-    }
-    gpucr_gate_exit();
-    return r;
-}
-
-GPUCR_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
-{
-    GPUCR_LOAD_OR_FAIL();
-    gpucr_gate_enter();
-    CUresult r = D.cuIpcCloseMemHandle(dptr);
-    if (r == CUDA_SUCCESS) {
-        gpucr_table_lock();
-        gpucr_set_take(SET_IPC_OPENED, dptr, NULL);
-        gpucr_table_unlock();
-    }
-    gpucr_gate_exit();
-    return r;
-}
-
-static void *r_alloc, *r_free, *r_managed, *r_ipcget, *r_ipcopen, *r_ipcclose;
+static void *r_alloc, *r_free, *r_managed;
 const struct gpucr_hook gpucr_hooks_alloc[] = {
     {"cuMemAlloc_v2", (void *)cuMemAlloc_v2, &r_alloc},
     {"cuMemFree_v2", (void *)cuMemFree_v2, &r_free},
     {"cuMemAllocManaged", (void *)cuMemAllocManaged, &r_managed},
-    {"cuIpcGetMemHandle", (void *)cuIpcGetMemHandle, &r_ipcget},
-    {"cuIpcOpenMemHandle_v2", (void *)cuIpcOpenMemHandle_v2, &r_ipcopen},
-    {"cuIpcCloseMemHandle", (void *)cuIpcCloseMemHandle, &r_ipcclose},
     {0, 0, 0},
 };

@@ -77,6 +77,8 @@ int gpucr_req_parse(const char *line, struct gpucr_req *req)
             p = end;
             if (!strcmp(key, "timeout_ms"))
                 req->timeout_ms = (long)v;
+            else if (!strcmp(key, "id") && v >= 0)
+                req->id = (uint64_t)v;
         } else if (!strncmp(p, "true", 4) || !strncmp(p, "null", 4)) {
             p += 4;
         } else if (!strncmp(p, "false", 5)) {

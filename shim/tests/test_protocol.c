@@ -9,7 +9,8 @@ int main(void)
     struct gpucr_req r;
     CHECK(gpucr_req_parse("{\"cmd\": \"status\"}", &r) == 0 && !strcmp(r.cmd, "status") && r.timeout_ms == -1);
     CHECK(gpucr_req_parse(" {\"timeout_ms\":2500, \"cmd\":\"checkpoint\", \"x\": true} ", &r) == 0);
-    CHECK(!strcmp(r.cmd, "checkpoint") && r.timeout_ms == 2500);
+    CHECK(!strcmp(r.cmd, "checkpoint") && r.timeout_ms == 2500 && r.id == 0);
+    CHECK(gpucr_req_parse("{\"cmd\":\"ipc_fd\",\"id\":42}", &r) == 0 && r.id == 42);
     CHECK(gpucr_req_parse("{\"cmd\":\"a\\\"b\"}", &r) == 0 && !strcmp(r.cmd, "a\"b"));
     CHECK(gpucr_req_parse("", &r) == -1);
     CHECK(gpucr_req_parse("{}", &r) == -1);
@@ -57,6 +58,9 @@ int main(void)
     j.len = 0;
     gpucr_control_dispatch("{\"cmd\":\"ping\"}", &j);
     CHECK(strstr(j.buf, "\"ok\": true"));
+    j.len = 0;
+    gpucr_control_dispatch("{\"cmd\":\"ipc_fd\",\"id\":7}", &j); /* the stub has no exports */
+    CHECK(strstr(j.buf, "\"ok\": false") && strstr(j.buf, "no such IPC export"));
     jb_free(&j);
     PASS("dispatch");
     return 0;
