@@ -238,3 +238,55 @@ echo "after srun rc=$?"
     assert text.count("start restart=") == 1, text
     assert text.count("after srun rc=0") == 1, text
     assert "urgent done" in (workdir / "urgent.out").read_text()
+
+
+@pytest.fixture
+def short_lead(slurm_cluster):
+    """A 50 s checkpoint lead (plugstack signal=USR2@50), so a 2-minute job gets warned."""
+    conf = slurm_cluster.state / "etc" / "plugstack.conf"
+    original = conf.read_text()
+    conf.write_text(original.rstrip("\n") + " signal=USR2@50\n")
+    yield
+    conf.write_text(original)
+
+
+def test_job_near_its_time_limit_is_checkpointed_and_goes_on(slurm_cluster, workdir, short_lead):
+    """A 2-minute job whose work takes longer: warned before its time limit, it
+    checkpoints and requeues itself, and finishes its count in the next run(s)."""
+    steps = 1800  # 90 s of counting
+    log = workdir / "count.txt"
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
+{sys.executable} {workdir}/counter.py {log} {steps}
+echo "after python"
+""")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "--time=2", "-o", str(out))
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"},
+                                    timeout=400)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED", (text, info)
+    assert int(info["Restarts"]) >= 1, info
+    assert f"gpucr: checkpointing job {jobid} before the time limit" in text, text
+    assert_counted_once(log, steps)
+    assert text.count("start restart=") == 1 and text.count("after python") == 1, text
+
+
+def test_time_limit_shorter_than_twice_the_lead_is_not_checkpointed(slurm_cluster, workdir,
+                                                                   short_lead):
+    """A 1-minute job with a 50 s lead would be warned at every start and requeue
+    forever: it says so and runs on to its end instead."""
+    log = workdir / "count.txt"
+    script = workdir / "job.sh"
+    script.write_text(f"#!/bin/bash\n{sys.executable} {workdir}/counter.py {log} 900\n")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "--time=1", "-o", str(out))
+    wait_for(lambda: "requeue forever" in (out.read_text() if out.exists() else ""),
+             timeout=90, what="the supervisor to decline the checkpoint")
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"},
+                                    timeout=120)
+    text = out.read_text()
+    assert info["Restarts"] == "0" and "checkpointing job" not in text, (text, info)
+    assert len([l for l in text.splitlines() if l.startswith("gpucr:")]) == 1, text
+    assert_counted_once(log, 900)
