@@ -5,10 +5,20 @@ allocation's size, with attributes `va` (virtual address the shim maps it back
 to), `size` and `device` (ordinal at checkpoint time; the device's UUID is in
 the file attribute `device_uuids`). Datasets are contiguous and unfiltered, so
 writing and reading run at file system speed.
+
+`save_process` / `load_process` move the host arena of a live, checkpointed
+process (shim) to and from such a file; datasets written that way also carry
+`handle` (the shim's id of the allocation, matched on restore) and `host`
+(its address in the arena), and are named `handle-<id>` when not mapped whole.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -86,3 +96,192 @@ def read_into(path: Path, va: int, out) -> None:
 def file_attrs(path: Path) -> dict:
     with h5py.File(path, "r") as f:
         return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in f.attrs.items()}
+
+
+# -- a live process's arena <-> one HDF5 file ------------------------------------
+#
+# Whole-process migration saves the shim's arena (where the GPU data of a
+# checkpointed process lies) straight from the process's memory: the file's
+# layout is made first with h5py (contiguous datasets, storage allocated, no
+# fill), then the bytes are copied between the process (process_vm_readv /
+# process_vm_writev: the same permission CRIU needs) and the datasets' file
+# offsets, in large chunks, reading and writing in two threads.
+
+COPY_CHUNK = 64 << 20
+ALIGN = 1 << 20
+
+
+@dataclass
+class Blob:
+    """One allocation in the shim's arena (the shim's `blobs` reply)."""
+
+    handle: int   # the shim's handle of the allocation (stable across restore)
+    va: int       # where it is mapped whole in the process (0: not mapped whole)
+    size: int
+    device: int
+    host: int     # its address in the process's arena
+
+
+def blobs_from_reply(reply: dict) -> list[Blob]:
+    items = (reply.get("blobs") or {}).items()
+    return [Blob(handle=int(b["handle"]), va=int(b["va"]), size=int(b["size"]),
+                 device=int(b["device"]), host=int(b["host"]))
+            for _, b in sorted(items, key=lambda kv: int(kv[0]))]
+
+
+def _blob_name(b: Blob) -> str:
+    return _dataset_name(b.va) if b.va else f"handle-{b.handle:016x}"
+
+
+def _create_layout(path: Path, blobs: list[Blob], attrs: dict) -> list[int | None]:
+    """A new HDF5 file with one allocated, unfilled dataset per blob; their file offsets."""
+    offsets = []
+    try:
+        f = h5py.File(path, "w-", libver="latest", alignment_threshold=ALIGN, alignment_interval=ALIGN)
+    except TypeError:  # h5py < 3.5
+        f = h5py.File(path, "w-", libver="latest")
+    with f:
+        for k, v in attrs.items():
+            f.attrs[k] = v
+        g = f.create_group(GROUP)
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.CONTIGUOUS)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        for b in blobs:
+            ds = g.create_dataset(_blob_name(b), shape=(b.size,), dtype=np.uint8, dcpl=dcpl)
+            for k, v in (("va", b.va), ("size", b.size), ("handle", b.handle), ("host", b.host)):
+                ds.attrs[k] = np.uint64(v)
+            ds.attrs["device"] = np.int32(b.device)
+            offsets.append(ds.id.get_offset() if b.size else None)
+    return offsets
+
+
+def _layout(path: Path) -> dict[int, tuple[int, int | None]]:
+    """handle -> (size, file offset) of every dataset of a file written by save_process."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        for ds in f[GROUP].values():
+            size = int(ds.attrs["size"])
+            out[int(ds.attrs["handle"])] = (size, ds.id.get_offset() if size else None)
+    return out
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_LIBC = None
+
+
+def _vm_call(write: bool):
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        for name in ("process_vm_readv", "process_vm_writev"):
+            fn = getattr(_LIBC, name)
+            fn.restype = ctypes.c_ssize_t
+            fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                           ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+    return _LIBC.process_vm_writev if write else _LIBC.process_vm_readv
+
+
+def _vm_copy(pid: int, local: np.ndarray, remote: int, n: int, write: bool) -> None:
+    """n bytes between our buffer and the process's address `remote` (ctypes drops the GIL)."""
+    fn = _vm_call(write)
+    done = 0
+    base = local.ctypes.data
+    while done < n:
+        lv = _Iovec(base + done, n - done)
+        rv = _Iovec(remote + done, n - done)
+        got = fn(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
+        if got <= 0:
+            err = ctypes.get_errno()
+            raise OSError(err or errno.EIO, f"process_vm_{'writev' if write else 'readv'} of process "
+                                            f"{pid} at {remote + done:#x}: {os.strerror(err or errno.EIO)}")
+        done += got
+
+
+def _pump(jobs, read_into, write_from) -> int:
+    """Copy (src_off, dst_off, size) jobs in chunks: reads here, writes in a second thread."""
+    bufs = [np.empty(COPY_CHUNK, dtype=np.uint8) for _ in range(3)]
+    total, i = 0, 0
+    pending: list = []
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        for src, dst, size in jobs:
+            for off in range(0, size, COPY_CHUNK):
+                n = min(COPY_CHUNK, size - off)
+                buf = bufs[i % len(bufs)]
+                if len(pending) == len(bufs) - 1:
+                    pending.pop(0).result()
+                read_into(buf, src + off, n)
+                pending.append(writer.submit(write_from, buf, dst + off, n))
+                total += n
+                i += 1
+        for p in pending:
+            p.result()
+    return total
+
+
+def _pread_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
+    view = memoryview(buf)[:n]
+    while view:
+        got = os.preadv(fd, [view], off)
+        if got <= 0:
+            raise OSError(errno.EIO, f"short read at offset {off}")
+        view, off = view[got:], off + got
+
+
+def _pwrite_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
+    view = memoryview(buf)[:n]
+    while view:
+        got = os.pwrite(fd, view, off)
+        view, off = view[got:], off + got
+
+
+def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None = None) -> dict:
+    """Write the blobs of process `pid`'s arena to a new HDF5 file, fsync'd.
+
+    Returns bytes and seconds of each part (layout, copy, fsync)."""
+    t0 = time.monotonic()
+    offsets = _create_layout(path, blobs, {"pid": pid, **(attrs or {})})
+    t1 = time.monotonic()
+    jobs = [(b.host, off, b.size) for b, off in zip(blobs, offsets) if b.size]
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        total = _pump(jobs, lambda buf, src, n: _vm_copy(pid, buf, src, n, write=False),
+                      lambda buf, dst, n: _pwrite_all(fd, buf, dst, n))
+        t2 = time.monotonic()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    t3 = time.monotonic()
+    return {"bytes": total, "allocations": len(blobs), "layout_s": t1 - t0, "copy_s": t2 - t1,
+            "fsync_s": t3 - t2}
+
+
+def load_process(path: Path, pid: int, blobs: list[Blob]) -> dict:
+    """Copy a file written by save_process into process `pid`'s arena at the blobs' addresses.
+
+    The blobs are what the restored shim reports; each must be in the file with
+    its size (matched by handle), else ValueError and nothing is written."""
+    layout = _layout(path)
+    jobs = []
+    for b in blobs:
+        if b.handle not in layout:
+            raise ValueError(f"allocation {b.handle:#x} ({b.size} bytes) of process {pid} is not in {path}")
+        size, off = layout[b.handle]
+        if size != b.size:
+            raise ValueError(f"allocation {b.handle:#x}: {size} bytes in {path}, the process has {b.size}")
+        if size:
+            jobs.append((off, b.host, size))
+    if len(layout) != len(blobs):
+        raise ValueError(f"{path} holds {len(layout)} allocations, process {pid} has {len(blobs)}")
+    t0 = time.monotonic()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        total = _pump(jobs, lambda buf, src, n: _pread_all(fd, buf, src, n),
+                      lambda buf, dst, n: _vm_copy(pid, buf, dst, n, write=True))
+    finally:
+        os.close(fd)
+    return {"bytes": total, "allocations": len(blobs), "copy_s": time.monotonic() - t0}

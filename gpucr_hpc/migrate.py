@@ -3,18 +3,20 @@
 checkpoint_to(pid, DIR):
     1. checks   - CRIU present and new enough, the process exists and is ours,
                   DIR is new or empty (nothing is ever overwritten);
-    2. gpu      - shimmed GPU process: the in-place pipeline (process_cr) quiesces
-                  it, copies its GPU memory into the node-local host arena and
-                  checkpoints the rest through the driver: the GPU is free now
+    2. gpu      - GPU process tree (migrate_gpu): the shims quiesce and copy GPU
+                  memory into their host arenas (VRAM of the allocations free,
+                  `gpu_data_s`), each arena goes to DIR/process-<pid>.h5
+                  (`gpu_h5_write_s`) and out of the address space, the driver
+                  checkpoints the rest (`gpu_control_s`): the GPU is free now
                   (`gpu_released_s`). CPU-only process: nothing to do;
     3. dump     - CRIU dumps the tree into a node-local staging dir (tmpfs) when
                   it has room, else straight into DIR/criu. Without
                   --leave-running the tree is gone after this, with it the tree
                   runs on (`released_s`: how long the process was held);
-    4. persist  - the drain: staged CRIU files (with the GPU data inside the
-                  arena pages) to DIR/criu/, each with its sha256 (`persist_s`);
-                  the per-process .h5 of the arena (gpu_image.py) is not yet
-                  written on this path;
+    4. persist  - the drain: staged CRIU files to DIR/criu/, each with its
+                  sha256, and the sha256 of the .h5 files (`persist_s`); with
+                  --leave-running the tree gets its GPU state back first
+                  (`gpu_resume_s`);
     5. commit   - manifest.json, then COMMITTED, atomically (`commit_s`).
     A failure before 3 leaves the process as it was and removes the partial DIR;
     a failure after 3 keeps the staged copy and says where it is.
@@ -26,8 +28,10 @@ restore_from(DIR):
                   PID namespace). All before anything is changed; the image is
                   only ever read;
     2. CRIU restore (`criu_restore_s`);
-    3. gpu      - shimmed process: arena from the .h5 file, driver restore (with
-                  GPU UUID remapping), shim copies data back at the same VAs.
+    3. gpu      - driver restore + unlock, each shim's arena re-created at the same
+                  addresses and filled from its .h5 file, shim copies the data back
+                  to the GPU at the same VAs (migrate_gpu.restore_gpu). A failure
+                  here ends the restored tree; the image is untouched.
 """
 
 from __future__ import annotations
@@ -135,46 +139,6 @@ def _stage_root(need: int) -> Path | None:
     return Path(cand)
 
 
-# -- the GPU step: a call into the in-place pipeline ----------------------------
-
-class _InPlaceGpu:
-    """The GPU step through the in-place pipeline (process_cr): the shim moves GPU
-    data into its host arena (process memory, so CRIU's pages carry it) and the
-    driver checkpoints the rest; afterwards no /dev/nvidia* fd is open and plain
-    CRIU can dump the tree. Restore is CRIU first, then process_cr.restore_tree.
-    (The separate per-process .h5 of the arena, gpu_image.py, is not written on
-    this path yet: the data travel inside the CRIU pages.)"""
-
-    def __init__(self, pid: int):
-        from gpucr_hpc import process_cr
-
-        self.pid = pid
-        self._cr = process_cr
-        node = node_gpus() or {}
-        self.vendor = node.get("vendor") or "nvidia"
-        self.gpu = {k: node.get(k) for k in ("model", "uuids", "driver_version")}
-        rep = process_cr.checkpoint_tree(pid)
-        self.timings = rep.get("phases", {})
-
-    def resume(self) -> None:
-        """Bring the GPU state back into the still-running tree (abort or --leave-running)."""
-        self._cr.restore_tree(self.pid)
-
-
-def _gpu_checkpoint(pid: int):
-    try:
-        return _InPlaceGpu(pid)
-    except ImportError:
-        raise GpucrError(f"process {pid} uses the GPU, but this gpucr-hpc has no in-place GPU "
-                         "pipeline (gpucr_hpc.process_cr)", "install a gpucr-hpc build with GPU support")
-
-
-def _gpu_restore(pid: int) -> dict:
-    from gpucr_hpc import process_cr
-
-    return process_cr.restore_tree(pid).get("phases", {})
-
-
 # -- checkpoint -----------------------------------------------------------------
 
 def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) -> dict:
@@ -192,7 +156,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
                          "which CRIU cannot record",
                          "start the program with setsid (Slurm tasks already are)")
     tree = criu_mod.process_tree(pid)
-    shimmed = uses_gpu(tree)  # GPU step via process_cr
+    shimmed = uses_gpu(tree)  # GPU step via migrate_gpu
     shell_job = not criu_mod.is_session_leader(pid)
     to_dir = Path(to_dir).absolute()
     created = not to_dir.exists()
@@ -202,14 +166,20 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
     stage = None
     dumped = False
     gpu = None
+    gpu_active = False  # the tree's GPU state is checkpointed by us
     try:
-        # 2. GPU: data into the arena, the rest through the driver; GPU free after it.
+        # 2. GPU: data into the arena and the .h5 files, the rest through the driver.
         if shimmed:
+            from gpucr_hpc import migrate_gpu
+
             t = time.monotonic()
-            gpu = _gpu_checkpoint(pid)
-            m["vendor"] = gpu.vendor
-            m["gpu"] = gpu.gpu
-            timings.update({f"gpu_{k}": v for k, v in (gpu.timings or {}).items()})
+            node = node_gpus() or {}
+            m["vendor"] = node.get("vendor") or "nvidia"
+            m["gpu"] = {k: node.get(k) for k in ("model", "uuids", "driver_version")}
+            gpu = migrate_gpu.GpuCheckpoint(pid, writer.path)
+            gpu.run()
+            gpu_active = True
+            timings.update({f"gpu_{k}": v for k, v in gpu.timings.items()})
             timings["gpu_released_s"] = time.monotonic() - t
         # 3. CPU: CRIU dump, to node-local tmpfs when it fits.
         root = _stage_root(int(_rss_bytes(tree) * 1.2) + (64 << 20))
@@ -218,12 +188,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
         dump_dir.mkdir(exist_ok=True, mode=0o700)
         work = Path(tempfile.mkdtemp(prefix="gpucr-dump-"))
         t = time.monotonic()
-        try:
-            files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job)
-        except GpucrError:
-            if gpu is not None:
-                gpu.resume()
-            raise
+        files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job)
         dumped = True
         if not leave_running and not criu_mod.wait_gone(tree):
             raise GpucrError(f"process tree of {pid} still runs after criu dump",
@@ -233,9 +198,12 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
         shutil.rmtree(work, ignore_errors=True)
         # 4. Drain: persist GPU buffers and CRIU files with checksums.
         t = time.monotonic()
-        gpu_bytes = 0
         if gpu is not None and leave_running:
-            gpu.resume()  # the original keeps running on its GPU
+            timings["gpu_resume_s"] = gpu.resume()["resume_s"]  # the original runs on, on its GPU
+            gpu_active = False
+        gpu_bytes = 0
+        for rel in (gpu.h5_files if gpu else []):
+            gpu_bytes += writer.add_written(rel)
         if stage:
             criu_bytes = writer.add_tree(stage, image_store.CRIU_SUBDIR)
         else:
@@ -251,12 +219,15 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
             "shell_job": shell_job, "shimmed": shimmed, "leave_running": leave_running,
         }
         m["criu"] = {"version": criu.version_str, "bytes": criu_bytes}
-        m["gpu_bytes"] = gpu_bytes
+        m["gpu_bytes"] = gpu.bytes if gpu else 0
+        m["gpu_processes"] = gpu.records if gpu else []
         m["open_files"] = files_open
         m["timings"] = timings
         writer.commit()
         timings["commit_s"] = time.monotonic() - t
     except BaseException as e:
+        if gpu_active and not dumped:
+            gpu.resume()  # the tree runs on as before (needs the .h5 files: before they go)
         if not dumped:
             if created:
                 shutil.rmtree(to_dir, ignore_errors=True)
@@ -273,6 +244,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
     timings["total_s"] = time.monotonic() - t0
     total = m["total_bytes"]
     return {"image": str(to_dir), "pid": pid, "pids": tree, "bytes": total,
+            "gpu_bytes": m["gpu_bytes"], "criu_bytes": m["criu"]["bytes"],
             "leave_running": leave_running, "staged": stage is not None,
             "persist_MBps": total / timings["persist_s"] / 1e6 if timings["persist_s"] else None,
             "timings": timings}
@@ -362,6 +334,10 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     if m.get("kind") != "process" or "root_pid" not in proc:
         raise GpucrError(f"image {img.path} is not a process image", "give restore --from a checkpoint --to directory")
     check_node(m)
+    if m.get("gpu_processes"):
+        from gpucr_hpc import migrate_gpu
+
+        migrate_gpu.check_gpu_memory(m)
     rewinds = check_open_files(m, rewind=rewind_files)
     clash = _pids_in_use(proc.get("pids", []))
     if pidns == "host" and clash:
@@ -379,9 +355,9 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
                                   new_pidns=new_ns, inherit=inherit)
     timings["criu_restore_s"] = time.monotonic() - t
-    if proc.get("shimmed"):
+    if m.get("gpu_processes"):
         t = time.monotonic()
-        gt = _gpu_restore(restored.host_pid)
+        gt = _restore_gpu_or_end(m, img.path, restored, new_ns)
         timings.update({f"gpu_{k}": v for k, v in gt.items()})
         timings["gpu_restore_s"] = time.monotonic() - t
     shutil.rmtree(work, ignore_errors=True)
@@ -390,6 +366,29 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
             "pidns": "new" if new_ns else "host", "bytes": m.get("total_bytes", 0),
             "rewound_files_kept_as": kept, "timings": timings,
             "_launcher": restored.launcher}
+
+
+def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool) -> dict:
+    """GPU state into the CRIU-restored tree; on failure the tree is ended (it could
+    not run on) and the image stays as it was, for another try."""
+    from gpucr_hpc import migrate_gpu
+
+    tree = criu_mod.process_tree(restored.host_pid)
+    pid_map = {(criu_mod.nspid(p)[-1] if new_ns else p): p for p in tree}
+    try:
+        return migrate_gpu.restore_gpu(m, image, pid_map)
+    except BaseException as e:
+        for p in reversed(tree):
+            try:
+                os.kill(p, 9)
+            except ProcessLookupError:
+                pass
+        if restored.launcher is not None:
+            restored.launcher.wait()
+        if isinstance(e, GpucrError):
+            raise GpucrError(f"{e.cause}; the restored process was ended, the image is unchanged",
+                             e.fix) from e
+        raise
 
 
 # -- click glue (hooked into the checkpoint/restore commands) ---------------------

@@ -1,0 +1,205 @@
+"""The GPU step of whole-process migration: GPU data to one HDF5 file per process,
+the rest through the driver, the shim's arena out of CRIU's way.
+
+Checkpoint (`GpuCheckpoint`), on the shimmed and CUDA processes of the tree:
+  1. data     the shims quiesce, copy their GPU memory into their host arenas and
+              hand the VRAM back (process_cr.shim_checkpoint); `data_s`;
+  2. write    each arena, as the shim placed it (its reply lists the allocations),
+              is copied from the process into <image>/process-<pid>.h5 and fsync'd
+              (gpu_image.save_process); `h5_write_s`, `h5_MBps`;
+  3. detach   each shim unregisters its arena and swaps it for an empty
+              reservation of the same range: CRIU cannot dump it (unlinked shared
+              files, huge pages), and its data is in the .h5 now; `detach_s`;
+  4. control  driver lock + checkpoint of every CUDA process (contexts, modules,
+              stream-ordered pools): no GPU state and no /dev/nvidia* fd is left,
+              so plain CRIU can dump the tree; `control_s`.
+  `resume()` undoes what was done, in reverse, and the tree runs on as before
+  (an aborted checkpoint, or --leave-running after the dump).
+
+Restore (`restore_gpu`), after CRIU has restored the tree: driver restore +
+unlock -> each shim re-creates its arena at the same addresses (arena_attach) ->
+the .h5 into it (gpu_image.load_process) -> shim restore (data back to the GPU
+at the same virtual addresses, API gate open). The image is only read.
+
+A CUDA process without the shim takes the driver path alone: its GPU data then
+travel inside its CRIU images (the driver stages them into process memory).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from gpucr_hpc import gpu_image, image_store, process_cr
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.shim_client import ShimClient, socket_path
+
+TIMEOUT_MS = process_cr.DEFAULT_TIMEOUT_MS
+
+
+def _client(pid: int, sock: str) -> ShimClient:
+    c = ShimClient(pid)
+    c.path = Path(sock)  # bound where the process first ran (a restored PID may differ)
+    return c
+
+
+def _ok(reply: dict, pid: int, what: str) -> dict:
+    if not reply.get("ok"):
+        raise GpucrError(f"process {pid}: {what} failed: {reply.get('error', 'no reason given')}",
+                         "see the process's stderr (GPUCR_LOG) for details")
+    return reply
+
+
+class GpuCheckpoint:
+    """Steps 1-4 of the module doc on the tree of `pid`, writing .h5 files into image_dir."""
+
+    def __init__(self, pid: int, image_dir: Path, timeout_ms: int = TIMEOUT_MS):
+        self.pid = pid
+        self.dir = Path(image_dir)
+        self.timeout_ms = timeout_ms
+        self.targets, self.driver = process_cr.discover(pid)
+        if any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed")
+               for t in self.targets):
+            raise GpucrError(f"process {pid} is checkpointed in place",
+                             f"restore it first (`gpucr-hpc restore --pid {pid}`), then checkpoint --to")
+        self.records: list[dict] = []   # per process, for the manifest
+        self.h5_files: list[str] = []   # image-relative
+        self.timings: dict[str, float] = {}
+        self.bytes = 0
+        self._shimmed: list = []
+        self._detached: list[dict] = []
+        self._driver_done = False
+
+    # -- checkpoint -------------------------------------------------------------
+
+    def run(self) -> None:
+        t0 = time.monotonic()
+        self._shimmed = process_cr.shim_checkpoint(self.targets, self.timeout_ms)
+        self.timings["data_s"] = time.monotonic() - t0
+        try:
+            t = time.monotonic()
+            for tg in self.targets:
+                self.records.append(self._save(tg))
+            self.timings["h5_write_s"] = time.monotonic() - t
+            if self.bytes:
+                self.timings["h5_MBps"] = self.bytes / self.timings["h5_write_s"] / 1e6
+            t = time.monotonic()
+            for rec in self.records:
+                if rec["h5"]:
+                    r = _ok(_client(rec["pid"], rec["socket"]).request("arena_detach"), rec["pid"],
+                            "detaching the arena")
+                    self._detached.append(rec)
+                    rec["arena_bytes"] = r.get("arena_bytes", 0)
+            self.timings["detach_s"] = time.monotonic() - t
+            t = time.monotonic()
+            if self.driver:
+                process_cr.driver_checkpoint(self.driver, self.targets, self.timeout_ms)
+                self._driver_done = True
+            self.timings["control_s"] = time.monotonic() - t
+        except BaseException:
+            self.resume()
+            raise
+        self.timings["gpu_total_s"] = time.monotonic() - t0
+
+    def _save(self, tg) -> dict:
+        rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
+               "socket": str(socket_path(tg.pid)) if tg.shim else None}
+        blobs = gpu_image.blobs_from_reply(tg.result.get("checkpoint", {})) if tg.shim else []
+        if not blobs:
+            return rec
+        rel = image_store.process_h5_name(tg.pid)
+        try:
+            rep = gpu_image.save_process(self.dir / rel, tg.pid, blobs, attrs={"vendor": "nvidia"})
+        except OSError as e:
+            raise GpucrError(f"writing the GPU data of process {tg.pid} to {self.dir / rel} failed: "
+                             f"{e.strerror or e}", "free space there or checkpoint --to another directory")
+        self.h5_files.append(rel)
+        self.bytes += rep["bytes"]
+        rec.update(h5=rel, bytes=rep["bytes"], allocations=rep["allocations"],
+                   copy_s=round(rep["copy_s"], 6), fsync_s=round(rep["fsync_s"], 6))
+        return rec
+
+    # -- undo / leave running ---------------------------------------------------
+
+    def resume(self) -> dict:
+        """Bring the GPU state back into the still-running tree, from the .h5 files."""
+        t0 = time.monotonic()
+        if self._driver_done:
+            process_cr.driver_restore(self.driver, self.targets)
+            self._driver_done = False
+        for rec in list(self._detached):
+            _refill(rec, rec["pid"], self.dir)
+            self._detached.remove(rec)
+        process_cr.shim_restore(self._shimmed)
+        return {"resume_s": time.monotonic() - t0}
+
+
+def _refill(rec: dict, pid: int, image_dir: Path) -> dict:
+    """arena_attach in process `pid`, then its .h5 into the arena."""
+    c = _client(pid, rec["socket"])
+    r = _ok(c.request("arena_attach", timeout=600.0), pid, "re-creating the arena")
+    try:
+        rep = gpu_image.load_process(image_dir / rec["h5"], pid, gpu_image.blobs_from_reply(r))
+    except (OSError, ValueError) as e:
+        raise GpucrError(f"loading the GPU data of process {pid} from {image_dir / rec['h5']} failed: {e}",
+                         "restore from an intact copy of the image")
+    rep["attach_s"] = r.get("attach_s", 0.0)
+    return rep
+
+
+# -- restore ----------------------------------------------------------------------
+
+def check_gpu_memory(m: dict) -> None:
+    """The image's GPU data must fit in the free memory of this node's GPU."""
+    need = int(m.get("gpu_bytes") or 0)
+    if not need or not shutil.which("nvidia-smi"):
+        return
+    try:
+        r = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=30)
+        free = {int(i): int(f) << 20 for i, f in (ln.split(",") for ln in r.stdout.splitlines() if ln.strip())}
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return
+    if free and max(free.values()) < need:
+        raise GpucrError(f"the image needs {need / 2**30:.1f} GiB of GPU memory, the most free on a GPU "
+                         f"here is {max(free.values()) / 2**30:.1f} GiB",
+                         "end other GPU processes on this node or restore on another one")
+
+
+def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int]) -> dict:
+    """GPU state of a CRIU-restored tree; pid_map: PID at checkpoint -> PID here."""
+    timings: dict[str, float] = {}
+    recs = m.get("gpu_processes") or []
+    cuda = [r for r in recs if r["cuda"]]
+    targets = []
+    t0 = time.monotonic()
+    driver = process_cr._driver() if cuda else None
+    for r in recs:
+        host = pid_map.get(r["pid"])
+        if host is None:
+            raise GpucrError(f"process {r['pid']} of the image was not restored", "see the CRIU restore log")
+        t = process_cr.Target(host, shim=r["shim"], cuda=r["cuda"], shim_state="checkpointed" if r["shim"] else "")
+        t.driver_state = driver.state(host) if driver and r["cuda"] else None
+        targets.append((r, t))
+    if driver:
+        process_cr.driver_restore(driver, [t for _, t in targets])
+    timings["control_s"] = time.monotonic() - t0
+    t = time.monotonic()
+    total = 0
+    for r, tg in targets:
+        if r["h5"]:
+            rep = _refill(r, tg.pid, image_dir)
+            total += rep["bytes"]
+            timings["attach_s"] = timings.get("attach_s", 0.0) + rep["attach_s"]
+    timings["h5_read_s"] = time.monotonic() - t - timings.get("attach_s", 0.0)
+    if total:
+        timings["h5_read_MBps"] = total / timings["h5_read_s"] / 1e6
+    t = time.monotonic()
+    for r, tg in targets:
+        if r["shim"]:
+            _ok(_client(tg.pid, r["socket"]).restore(), tg.pid, "restoring the GPU data")
+    timings["data_s"] = time.monotonic() - t
+    timings["gpu_total_s"] = time.monotonic() - t0
+    return timings

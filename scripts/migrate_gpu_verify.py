@@ -1,0 +1,303 @@
+#!/usr/bin/env python3
+"""GPU verification of whole-process migration (issue 6, item 5), on a GPU machine.
+
+A deterministic PyTorch training loop (tests/shim_workloads/train_torch.py) is run
+  0. without the shim, uninterrupted: the reference output (loss per step, checksum);
+  1. kill:          under `gpucr-hpc run`, `checkpoint --pid --to IMG` at step K (the
+                    process is gone), `restore --from IMG`: the output must equal the
+                    reference bit for bit;
+  2. leave_running: `checkpoint --pid --to IMG --leave-running` at step K: the original
+                    must finish identical to the reference; then `restore --from IMG
+                    --rewind-files` (the output file is cut back to its checkpoint size)
+                    must finish identical too;
+  3. again_new_pidns (with --again): the image of 2 restored once more, into a new
+                    PID namespace: the image is reusable and stays untouched.
+Also measured: the file system's sequential write bandwidth where the images go
+(same size as the GPU data, fsync'd), to compare with the image's write rate.
+Writes one JSON (device, timings, checks) and exits non-zero if a check failed.
+
+    python3 scripts/migrate_gpu_verify.py --out bench/results/migrate-gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+TRAIN = REPO / "tests" / "shim_workloads" / "train_torch.py"
+
+from gpucr_hpc import gpu_image  # noqa: E402
+
+
+def smi(query: str) -> list[str]:
+    r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True, timeout=60)
+    return [x.strip() for x in r.stdout.strip().splitlines()[0].split(",")]
+
+
+def out_lines(path: Path) -> list[str]:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return [ln for ln in text.splitlines() if ln.startswith(("step ", "checksum "))]
+
+
+def steps(path: Path) -> int:
+    return sum(1 for ln in out_lines(path) if ln.startswith("step "))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def wait_until(cond, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def cli(env: dict, *args) -> dict:
+    t = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "gpucr_hpc", *args, "--json"], capture_output=True,
+                       text=True, env=env, timeout=900, stdin=subprocess.DEVNULL)
+    wall = time.monotonic() - t
+    if r.returncode != 0:
+        raise RuntimeError(f"gpucr-hpc {' '.join(args)} failed (rc {r.returncode}): "
+                           f"{(r.stderr or r.stdout).strip()[-1500:]}")
+    rep = json.loads(r.stdout)
+    rep["cli_wall_s"] = round(wall, 3)
+    return rep
+
+
+class Ctx:
+    def __init__(self, args):
+        self.args = args
+        self.root = Path(args.image_root or tempfile.mkdtemp(prefix="gpucr-migrate-gpu-", dir="/var/tmp"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.run_dir = self.root / "run"
+        self.run_dir.mkdir(mode=0o700, exist_ok=True)
+        self.wl_args = [str(args.steps), str(args.ballast_gib), str(args.pace)]
+        base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        base["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        base["PYTHONPATH"] = str(REPO) + os.pathsep + base.get("PYTHONPATH", "")
+        self.env = base
+        self.cli_env = dict(base, GPUCR_RUN_DIR=str(self.run_dir))
+        self.reference: list[str] = []
+
+    def start(self, name: str, shim: bool):
+        out = self.root / f"{name}.out"
+        err = self.root / f"{name}.err"
+        cmd = [sys.executable, str(TRAIN), *self.wl_args]
+        if shim:
+            cmd = [sys.executable, "-m", "gpucr_hpc", "run", "--"] + cmd
+        with open(out, "w") as fo, open(err, "w") as fe:
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
+                                 env=self.cli_env if shim else self.env, start_new_session=True)
+        return p, out, err
+
+
+def reference(ctx: Ctx) -> dict:
+    t = time.monotonic()
+    p, out, err = ctx.start("reference", shim=False)
+    rc = p.wait(timeout=ctx.args.timeout)
+    ctx.reference = out_lines(out)
+    ok = rc == 0 and len(ctx.reference) == ctx.args.steps + 1
+    return {"rc": rc, "seconds": round(time.monotonic() - t, 2), "lines": len(ctx.reference),
+            "checksum": ctx.reference[-1] if ctx.reference else None,
+            **({} if ok else {"error": err.read_text()[-1500:]})}
+
+
+def fs_write_bandwidth(root: Path, nbytes: int) -> dict:
+    """Sequential write of nbytes (fsync'd) where the images go, in 64 MiB writes."""
+    path = root / "fs-bandwidth.tmp"
+    buf = os.urandom(64 << 20)
+    t = time.monotonic()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        done = 0
+        while done < nbytes:
+            done += os.write(fd, buf)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    secs = time.monotonic() - t
+    path.unlink()
+    return {"bytes": done, "seconds": round(secs, 3), "MBps": round(done / secs / 1e6, 1)}
+
+
+def image_facts(img: Path) -> dict:
+    m = json.loads((img / "manifest.json").read_text())
+    h5 = sorted(img.glob("process-*.h5"))
+    facts = {"h5_files": [p.name for p in h5], "gpu_bytes": m.get("gpu_bytes"),
+             "criu_bytes": (m.get("criu") or {}).get("bytes"), "total_bytes": m.get("total_bytes"),
+             "gpu_processes": m.get("gpu_processes"), "vendor": m.get("vendor"), "gpu": m.get("gpu")}
+    if h5:
+        bufs = gpu_image.list_buffers(h5[0])
+        facts["h5_allocations"] = len(bufs)
+        facts["h5_payload_bytes"] = sum(b[1] for b in bufs)
+        if shutil.which("h5ls"):
+            r = subprocess.run(["h5ls", "-r", str(h5[0])], capture_output=True, text=True)
+            facts["h5ls_ok"] = r.returncode == 0 and "/allocations/" in r.stdout
+    return facts
+
+
+def image_state(img: Path) -> list:
+    """Name, size, mode and mtime of every file of the image (a restore only reads it)."""
+    return sorted((str(p.relative_to(img)), st.st_size, st.st_mode, st.st_mtime_ns)
+                  for p in img.rglob("*") for st in [p.lstat()])
+
+
+def restore(ctx: Ctx, img: Path, out: Path, *extra) -> dict:
+    digest = image_state(img)
+    rep = cli(ctx.cli_env, "restore", "--from", str(img), *extra)
+    pid = rep["pid"]
+    wait_until(lambda: any(ln.startswith("checksum ") for ln in out_lines(out)) or not alive(pid),
+               ctx.args.timeout, "the restored process to finish")
+    wait_until(lambda: not alive(pid), 60, "the restored process to exit")
+    got = out_lines(out)
+    rep["output_identical"] = got == ctx.reference
+    rep["image_unchanged"] = image_state(img) == digest
+    if not rep["output_identical"]:
+        rep["first_difference"] = next(({"line": i, "reference": a, "restored": b}
+                                         for i, (a, b) in enumerate(zip(ctx.reference, got)) if a != b),
+                                        {"reference_lines": len(ctx.reference), "restored_lines": len(got)})
+    return rep
+
+
+def scenario_kill(ctx: Ctx) -> dict:
+    p, out, err = ctx.start("kill", shim=True)
+    res: dict = {}
+    try:
+        wait_until(lambda: steps(out) >= ctx.args.checkpoint_at or p.poll() is not None, ctx.args.timeout,
+                   "the shimmed run to reach the checkpoint step")
+        img = ctx.root / "img-kill"
+        used_before = int(smi("memory.used")[0])
+        cp = cli(ctx.cli_env, "checkpoint", "--pid", str(p.pid), "--to", str(img))
+        p.wait(timeout=30)  # reap: its PID is free for the restore
+        at = steps(out)
+        time.sleep(0.5)
+        res.update(checkpoint=cp, steps_at_checkpoint=at, gpu_used_mib_before=used_before,
+                   gpu_used_mib_after_checkpoint=int(smi("memory.used")[0]),
+                   no_progress_after_checkpoint=steps(out) == at, process_gone=not alive(p.pid),
+                   image=image_facts(img))
+        res["restore"] = restore(ctx, img, out)
+    except Exception as e:  # noqa: BLE001 - reported, with the process's stderr
+        res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    res["stderr_tail"] = err.read_text(errors="replace")[-1500:]
+    return res
+
+
+def scenario_leave_running(ctx: Ctx, again: bool) -> dict:
+    p, out, err = ctx.start("leave", shim=True)
+    res: dict = {}
+    try:
+        wait_until(lambda: steps(out) >= ctx.args.checkpoint_at or p.poll() is not None, ctx.args.timeout,
+                   "the shimmed run to reach the checkpoint step")
+        img = ctx.root / "img-leave"
+        cp = cli(ctx.cli_env, "checkpoint", "--pid", str(p.pid), "--to", str(img), "--leave-running")
+        res.update(checkpoint=cp, steps_at_checkpoint=steps(out), image=image_facts(img))
+        rc = p.wait(timeout=ctx.args.timeout)
+        res["original_rc"] = rc
+        res["original_output_identical"] = out_lines(out) == ctx.reference
+        res["restore"] = restore(ctx, img, out, "--rewind-files")
+        if again:
+            res["restore_again_new_pidns"] = restore(ctx, img, out, "--rewind-files", "--pidns", "new")
+    except Exception as e:  # noqa: BLE001
+        res["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    res["stderr_tail"] = err.read_text(errors="replace")[-1500:]
+    return res
+
+
+def checks(res: dict) -> dict:
+    ck = {"reference_ok": "error" not in res["reference"]}
+    k = res.get("kill")
+    if k is not None:
+        ck["kill_no_error"] = "error" not in k
+        ck["kill_process_gone"] = bool(k.get("process_gone"))
+        ck["kill_no_progress_while_checkpointed"] = bool(k.get("no_progress_after_checkpoint"))
+        img = k.get("image") or {}
+        ck["kill_h5_holds_gpu_data"] = (img.get("h5_payload_bytes") or 0) >= res["args"]["ballast_gib"] * 2**30
+        ck["kill_restored_bit_identical"] = bool((k.get("restore") or {}).get("output_identical"))
+        ck["kill_image_unchanged_by_restore"] = bool((k.get("restore") or {}).get("image_unchanged"))
+    lr = res.get("leave_running")
+    if lr is not None:
+        ck["leave_no_error"] = "error" not in lr
+        ck["leave_original_bit_identical"] = bool(lr.get("original_output_identical")) and lr.get("original_rc") == 0
+        ck["leave_restored_bit_identical"] = bool((lr.get("restore") or {}).get("output_identical"))
+        if "restore_again_new_pidns" in lr or res["args"]["again"]:
+            again = lr.get("restore_again_new_pidns") or {}
+            ck["again_new_pidns_bit_identical"] = bool(again.get("output_identical"))
+            ck["again_image_unchanged"] = bool(again.get("image_unchanged"))
+    return ck
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--image-root", default=None, help="where images go (default: a new dir in /var/tmp)")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--checkpoint-at", type=int, default=20)
+    ap.add_argument("--ballast-gib", type=float, default=2.0)
+    ap.add_argument("--pace", type=float, default=0.05)
+    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--only", nargs="*", default=None, help="kill, leave_running")
+    ap.add_argument("--again", action="store_true", help="restore the leave-running image again, new PID ns")
+    ap.add_argument("--keep", action="store_true", help="keep the images")
+    args = ap.parse_args()
+    ctx = Ctx(args)
+    res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": smi("name")[0], "driver": smi("driver_version")[0], "image_root": str(ctx.root),
+           "args": vars(args)}
+    try:
+        import torch
+        res["torch"] = torch.__version__
+    except ImportError:
+        pass
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+
+    def save():  # after each part, so a run cut short still says how far it got
+        res["checks"] = checks(res)
+        Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+
+    res["reference"] = reference(ctx)
+    res["fs_write"] = fs_write_bandwidth(ctx.root, int(args.ballast_gib * 2**30) + (256 << 20))
+    save()
+    only = set(args.only or ["kill", "leave_running"])
+    if "kill" in only:
+        res["kill"] = scenario_kill(ctx)
+        save()
+    if "leave_running" in only:
+        res["leave_running"] = scenario_leave_running(ctx, args.again)
+        save()
+    if not args.keep:
+        shutil.rmtree(ctx.root, ignore_errors=True)
+    bad = [k for k, v in res["checks"].items() if not v]
+    print(json.dumps(res["checks"], indent=1))
+    print("FAILED: " + ", ".join(bad) if bad else "all checks passed")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Whole-process migration of a GPU process (issue 6, item 5).
+
+On a GPU machine (marked gpu, skipped elsewhere): a PyTorch training process under
+the shim is checkpointed to disk with `gpucr-hpc checkpoint --pid --to`, killed,
+restored with `restore --from`, and finishes bit-identical to an uninterrupted run
+(loss of every step and the parameter checksum); the same with --leave-running
+(the original and the restored copy both identical), and that image restored a
+second time in a new PID namespace. Driven by scripts/migrate_gpu_verify.py;
+every check it makes is asserted here.
+
+Without a GPU: the arena <-> HDF5 copy of gpu_image against a live (CPU) process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpucr_hpc import criu as criu_mod
+from gpucr_hpc import gpu_image
+from gpucr_hpc.errors import GpucrError
+from shim_helpers import REPO, build_shim
+
+HOLDER = r"""
+import sys, numpy as np
+a = np.arange(3_000_000, dtype=np.uint32).view(np.uint8)
+b = np.full(5000, 7, np.uint8)
+print(a.ctypes.data, a.size, b.ctypes.data, b.size, flush=True)
+sys.stdin.readline()
+a[:] = 0; b[:] = 0
+print("zeroed", flush=True)
+sys.stdin.readline()
+ok = np.array_equal(a, np.arange(3_000_000, dtype=np.uint32).view(np.uint8)) and (b == 7).all()
+print("same" if ok else "different", flush=True)
+"""
+
+
+def test_arena_to_h5_and_back_through_process_memory(tmp_path):
+    """save_process reads a live process's memory into one dataset per blob; load_process
+    writes it back at the same addresses after the process lost it."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        ha, na, hb, nb = map(int, child.stdout.readline().split())
+        blobs = [gpu_image.Blob(handle=0x20, va=0x7F0000000000, size=na, device=0, host=ha),
+                 gpu_image.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
+        p = tmp_path / "process-1.h5"
+        rep = gpu_image.save_process(p, child.pid, blobs, attrs={"vendor": "nvidia"})
+        assert rep["bytes"] == na + nb and rep["allocations"] == 2
+        assert gpu_image.list_buffers(p) == sorted([(0, nb, 0), (0x7F0000000000, na, 0)])
+        back = {b.va: b.data for b in gpu_image.read(p)}
+        assert np.array_equal(back[0x7F0000000000], np.arange(3_000_000, dtype=np.uint32).view(np.uint8))
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "zeroed"
+        with pytest.raises(ValueError, match="not in"):
+            gpu_image.load_process(p, child.pid, blobs[:1] + [gpu_image.Blob(0x99, 0, nb, 0, hb)])
+        assert gpu_image.load_process(p, child.pid, blobs)["bytes"] == na + nb
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "same"
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.gpu
+def test_pytorch_process_migrates_bit_identically(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("h5py")
+    if os.geteuid() != 0:
+        pytest.skip("CRIU dump/restore of a process tree needs root here")
+    try:
+        criu_mod.find_criu()
+    except GpucrError as e:
+        pytest.skip(f"CRIU >= 4.1 not available: {e.one_line()}")
+    build_shim()
+    results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
+    out = results / "migrate-gpu-test.json"
+    r = subprocess.run([sys.executable, str(REPO / "scripts/migrate_gpu_verify.py"), "--out", str(out),
+                        "--image-root", str(tmp_path / "images"), "--steps", "60", "--checkpoint-at", "20",
+                        "--ballast-gib", "2", "--again"],
+                       capture_output=True, text=True, timeout=1200)
+    assert out.exists(), f"no result written: {r.stdout[-2000:]} {r.stderr[-2000:]}"
+    res = json.loads(out.read_text())
+    for scenario in ("kill", "leave_running"):
+        assert "error" not in res[scenario], f"{scenario}: {res[scenario]['error']}\n{res[scenario]['stderr_tail']}"
+    for check, ok in res["checks"].items():
+        assert ok, f"{check} failed: {r.stdout[-3000:]}"
