@@ -13,6 +13,10 @@ The agents form an MPI world and run the two-phase checkpoint:
 
 Each agent prints one JSON line (its node's report); rank 0 prints the job's
 result last, as `{"result": ...}`.
+
+`yield` and `reclaim` (for `gpucr-hpc suspend/resume JOBID`) checkpoint the
+GPU state of every unit in place (VRAM handed back, processes kept) and
+restore it; a yield that fails on any node is undone on every node.
 """
 
 from __future__ import annotations
@@ -167,14 +171,79 @@ def run_checkpoint(args) -> int:
     return 0 if committed else 1
 
 
+def _in_place(job: dict, action: str) -> dict:
+    """Checkpoint (action "checkpoint") or restore every unit of this node in place."""
+    from gpucr_hpc import process_cr
+
+    site = load_site()
+    node = node_name()
+    run_dir = site.job_run_dir(job["id"], node)
+    os.environ["GPUCR_RUN_DIR"] = str(run_dir)
+    t0 = time.monotonic()
+    done, errors = [], []
+    for u in local_units(run_dir, node):
+        try:
+            fn = process_cr.checkpoint_tree if action == "checkpoint" else process_cr.restore_tree
+            rep = fn(u.pid, run_dir=run_dir)
+            done.append({"unit": u.name, "bytes": rep["bytes"], "processes": len(rep["processes"]),
+                         "gpu_processes": sum(1 for p in rep["processes"] if p["cuda"]),
+                         "phases": rep["phases"]})
+        except GpucrError as e:
+            if "no GPU process and no gpucr shim" in e.cause or "is not checkpointed" in e.cause:
+                continue  # nothing on a GPU in this unit, or nothing left to restore
+            errors.append(f"{u.name} on {node}: {e.one_line()}")
+    return {"node": node, "ok": not errors, "units": done, "errors": errors,
+            "seconds": time.monotonic() - t0}
+
+
+def run_yield(args) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    job = json.loads(args.job_json)
+    rep = _in_place(job, "checkpoint")
+    yes = comm.allreduce(1 if rep["ok"] else 0, op=MPI.MIN)
+    if not yes and rep["units"]:
+        rep["undone"] = _in_place(job, "restore")["ok"]  # the suspend is off: give the GPU back
+    print(json.dumps({"node_report": rep}), flush=True)
+    reports = comm.gather(rep, root=0)
+    if comm.rank == 0:
+        print(json.dumps({"result": _in_place_result(reports, bool(yes))}), flush=True)
+    return 0 if yes else 1
+
+
+def run_reclaim(args) -> int:
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rep = _in_place(json.loads(args.job_json), "restore")
+    print(json.dumps({"node_report": rep}), flush=True)
+    reports = comm.gather(rep, root=0)
+    ok = comm.allreduce(1 if rep["ok"] else 0, op=MPI.MIN)
+    if comm.rank == 0:
+        print(json.dumps({"result": _in_place_result(reports, bool(ok))}), flush=True)
+    return 0 if ok else 1
+
+
+def _in_place_result(reports: list[dict], ok: bool) -> dict:
+    units = [u for r in reports for u in r["units"]]
+    return {"ok": ok, "errors": [e for r in reports for e in r["errors"]],
+            "nodes": [r["node"] for r in reports], "units": [u["unit"] for u in units],
+            "bytes": sum(u["bytes"] for u in units),
+            "gpu_processes": sum(u["gpu_processes"] for u in units),
+            "seconds": max(r["seconds"] for r in reports)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gpucr_hpc.agent")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("checkpoint")
     c.add_argument("--job-json", required=True)
     c.add_argument("--gen-dir", required=True)
+    for name in ("yield", "reclaim"):
+        sub.add_parser(name).add_argument("--job-json", required=True)
     args = p.parse_args(argv)
-    return run_checkpoint(args)
+    return {"checkpoint": run_checkpoint, "yield": run_yield, "reclaim": run_reclaim}[args.cmd](args)
 
 
 if __name__ == "__main__":

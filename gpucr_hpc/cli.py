@@ -29,6 +29,8 @@ cli.add_command(cmd_process.status)
 from gpucr_hpc import cmd_job  # noqa: E402
 
 cli.add_command(cmd_job.preempt)
+cli.add_command(cmd_job.suspend)
+cli.add_command(cmd_job.resume)
 cli.add_command(cmd_job.ls)
 
 

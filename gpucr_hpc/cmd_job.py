@@ -125,3 +125,84 @@ def ls(jobid, as_json):
                       ",".join(r.get("nodes", [])), str(len(r.get("units", []))),
                       r.get("created") or "")
     Console().print(table)
+
+
+def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    gpu = (f"GPU memory of {result['gpu_processes']} process(es), {_size(result['bytes'])}"
+           if result["gpu_processes"] else "no GPU process")
+    click.echo(f"{verb} job {jobid} on {', '.join(result['nodes'])}: {gpu}, "
+               f"in {result.get('total_s', 0):.2f} s")
+
+
+@click.command()
+@click.argument("jobid")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def suspend(jobid, as_json):
+    """Hand a running --gpucr=on job's GPU memory back, then suspend it (scontrol suspend).
+
+    Every GPU process of every rank is checkpointed in place first; if that
+    fails anywhere, the job is left running with its GPU memory.
+    """
+    print_in_place("suspended", jobid, job_cr.suspend(jobid), as_json)
+
+
+@click.command()
+@click.argument("jobid")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def resume(jobid, as_json):
+    """Resume a job suspended by `gpucr-hpc suspend`, and restore its GPU state in place."""
+    print_in_place("resumed", jobid, job_cr.resume(jobid), as_json)
+
+
+def job_status(jobid: str) -> dict:
+    """What Slurm says about the job, and what the image store holds for it."""
+    from gpucr_hpc import slurm
+
+    if not jobid.isdigit():
+        raise GpucrError(f"'{jobid}' is not a job id", "give the numeric Slurm job id")
+    site = load_site()
+    out = {"job": jobid, "generations": job_rows(jobid)}
+    try:
+        job = slurm.show_job(jobid)
+        out.update(state=job.state, user=job.user, nodes=job.nodes, partition=job.partition,
+                   restarts=job.restart_count, reason=job.raw.get("Reason", ""))
+    except GpucrError as e:
+        if not out["generations"]:
+            raise
+        out.update(state="UNKNOWN to Slurm", note=e.cause)
+    latest = next((g for g in out["generations"] if g.get("latest")), None)
+    out["latest"] = latest["generation"] if latest else None
+    log = site.job_image_dir(jobid) / "restore.log"
+    out["log"] = log.read_text().splitlines()[-5:] if log.exists() else []
+    return out
+
+
+def show_job_status(jobid: str, as_json: bool) -> None:
+    st = job_status(jobid)
+    if as_json:
+        click.echo(json.dumps(st, indent=2, default=str))
+        return
+    console = Console()
+    head = Table.grid(padding=(0, 2))
+    for key in ("job", "state", "user", "partition", "nodes", "restarts", "latest"):
+        if key in st:
+            value = ",".join(st[key]) if isinstance(st[key], list) else str(st[key])
+            head.add_row(key, value or "-")
+    console.print(head)
+    if st["generations"]:
+        table = Table(title="checkpoints")
+        for col in ("generation", "state", "size", "nodes", "units", "created"):
+            table.add_column(col)
+        for r in st["generations"]:
+            state = "damaged" if r.get("error") else ("committed" if r["committed"] else "incomplete")
+            table.add_row(r["generation"], state + (" (latest)" if r.get("latest") else ""),
+                          _size(r.get("bytes", 0)), ",".join(r.get("nodes", [])),
+                          str(len(r.get("units", []))), r.get("created") or "")
+        console.print(table)
+    else:
+        console.print("no checkpoint yet")
+    for line in st["log"]:
+        console.print(f"log: {line}", markup=False, highlight=False)

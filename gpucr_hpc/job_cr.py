@@ -76,6 +76,59 @@ def checkpoint(jobid: str) -> dict:
     return result
 
 
+def _job_json(job: slurm.Job) -> str:
+    return json.dumps({k: v for k, v in asdict(job).items() if k != "raw"})
+
+
+def _in_place(job: slurm.Job, action: str) -> dict:
+    rc, lines, stderr = launch_agents(job, [action, "--job-json", _job_json(job)])
+    result = next((l["result"] for l in lines if "result" in l), None)
+    if result is None:
+        why = stderr.strip().splitlines()[-1] if stderr.strip() else f"srun exit {rc}"
+        raise GpucrError(f"the node agents of job {job.id} failed ({why})",
+                         "see the slurmd logs of its nodes")
+    result["node_reports"] = [l["node_report"] for l in lines if "node_report" in l]
+    return result
+
+
+def suspend(jobid: str) -> dict:
+    """GPU state of every rank checkpointed in place (VRAM handed back), then scontrol suspend."""
+    t0 = time.monotonic()
+    require_plugin(load_site())
+    job = _job_for_action(jobid)
+    if not job.running:
+        raise GpucrError(f"job {jobid} is {job.state}, not RUNNING", "only a running job can be suspended")
+    result = _in_place(job, "yield")
+    if not result["ok"]:
+        raise GpucrError(f"suspend of job {jobid} aborted: {'; '.join(result['errors'])}",
+                         "the job was left running with its GPU memory")
+    try:
+        slurm.suspend(jobid)
+    except GpucrError:
+        _in_place(job, "reclaim")
+        raise
+    result["total_s"] = time.monotonic() - t0
+    return result
+
+
+def resume(jobid: str) -> dict:
+    """scontrol resume, then the GPU state of every rank restored in place."""
+    t0 = time.monotonic()
+    require_plugin(load_site())
+    job = _job_for_action(jobid)
+    if job.state not in ("SUSPENDED", "RUNNING"):
+        raise GpucrError(f"job {jobid} is {job.state}, not SUSPENDED", "only a suspended job can be resumed")
+    if job.state == "SUSPENDED":
+        slurm.resume(jobid)  # RUNNING: a retry, only the GPU state is left to restore
+    result = _in_place(job, "reclaim")  # the shim's gate holds GPU calls until this is done
+    if not result["ok"]:
+        raise GpucrError(f"job {jobid} resumed, but its GPU state was not restored: "
+                         f"{'; '.join(result['errors'])}",
+                         f"retry with `gpucr-hpc resume {jobid}` once the cause is fixed")
+    result["total_s"] = time.monotonic() - t0
+    return result
+
+
 def preempt(jobid: str) -> dict:
     """Checkpoint, then requeue: the job restarts from this checkpoint."""
     result = checkpoint(jobid)

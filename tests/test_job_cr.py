@@ -290,3 +290,56 @@ def test_time_limit_shorter_than_twice_the_lead_is_not_checkpointed(slurm_cluste
     assert info["Restarts"] == "0" and "checkpointing job" not in text, (text, info)
     assert len([l for l in text.splitlines() if l.startswith("gpucr:")]) == 1, text
     assert_counted_once(log, 900)
+
+
+def test_suspend_and_resume(slurm_cluster, workdir):
+    """gpucr-hpc suspend: GPU state in place (none here), then scontrol suspend: the
+    ranks stop; resume: they go on. A second resume only retries the GPU part."""
+    steps = 200
+    log = workdir / "count.txt"
+    script = workdir / "job.sh"
+    script.write_text(f"#!/bin/bash\n{sys.executable} {workdir}/counter.py {log} {steps}\n")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-o", str(workdir / "job.out"))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+    r = gpucr(slurm_cluster, "suspend", jobid)
+    assert f"suspended job {jobid}" in r.stdout and "no GPU process" in r.stdout, r.stdout
+    assert slurm_cluster.job(jobid)["JobState"] == "SUSPENDED"
+    n = len(numbers(log))
+    time.sleep(2)
+    assert len(numbers(log)) == n, "the job ran on while suspended"
+    again = gpucr(slurm_cluster, "suspend", jobid, check=False)
+    assert again.returncode != 0 and "not RUNNING" in again.stderr
+    gpucr(slurm_cluster, "resume", jobid)
+    wait_for(lambda: len(numbers(log)) > n + 5, what="the job to go on")
+    st = gpucr(slurm_cluster, "resume", jobid, "--json")
+    assert '"ok": true' in st.stdout
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+    assert info["JobState"] == "COMPLETED", info
+    assert_counted_once(log, steps)
+
+
+def test_status_of_a_job(slurm_cluster, workdir):
+    """status JOBID: Slurm's view and the image store's, as a table or JSON."""
+    import json
+
+    log = workdir / "count.txt"
+    script = workdir / "job.sh"
+    script.write_text(f"#!/bin/bash\n{sys.executable} {workdir}/counter.py {log} 100000\n")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-o", str(workdir / "job.out"))
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(log)) > 5, what="the counter to start")
+        before = json.loads(gpucr(slurm_cluster, "status", jobid, "--json").stdout)
+        assert before["state"] == "RUNNING" and before["generations"] == [] and before["latest"] is None
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        st = json.loads(gpucr(slurm_cluster, "status", jobid, "--json").stdout)
+        assert st["latest"] == "gen-1" and st["generations"][0]["committed"] is True
+        assert st["generations"][0]["bytes"] > 0 and st["nodes"] == st["generations"][0]["nodes"]
+        table = gpucr(slurm_cluster, "status", jobid).stdout
+        assert "gen-1" in table and "RUNNING" in table and "committed" in table
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+    bad = gpucr(slurm_cluster, "status", "../etc", check=False)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
+        "gpucr-hpc: error: '../etc' is not a job id; give the numeric Slurm job id"]
