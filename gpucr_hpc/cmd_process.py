@@ -142,10 +142,17 @@ def restore(jobid, pid, run_dir, as_json, from_dir=None, pidns="auto", rewind_fi
 
 
 @click.command()
+@click.argument("jobid", required=False)
 @run_dir_option
 @json_option
-def status(run_dir, as_json):
-    """List the processes running under the shim: state, GPU bytes, arena bytes."""
+def status(jobid, run_dir, as_json):
+    """A Slurm job's state and checkpoints (JOBID), or the processes running under
+    the shim on this machine: state, GPU bytes, arena bytes."""
+    if jobid is not None:
+        from gpucr_hpc import cmd_job
+
+        cmd_job.show_job_status(jobid, as_json)
+        return
     rows = status_all(run_dir)
     if as_json:
         click.echo(json.dumps(rows))
