@@ -53,12 +53,20 @@ def log(msg: str) -> None:
         pass
 
 
-def check_generation(gen: Path) -> dict:
-    m = mf.load(gen)
-    image_store.verify(gen, m)
+def check_generation(gen: Path, jobid: str) -> dict:
+    """Every unit image is committed and intact before anything is touched."""
+    older = (f"restore an older generation: gpucr-hpc restore {jobid} --from N "
+             f"(gpucr-hpc ls {jobid} lists them)")
+    try:
+        m = mf.load(gen)
+        image_store.verify(gen, m)
+    except GpucrError as e:
+        raise GpucrError(f"{gen.name} is not usable: {e.cause}", older) from e
     for name in m.get("units", {}):
-        # Every unit image is committed and intact before anything is touched.
-        image_store.open_image(gen / name)
+        try:
+            image_store.open_image(gen / name)
+        except GpucrError as e:
+            raise GpucrError(f"{gen.name} has no usable image of {name}: {e.cause}", older) from e
     return m
 
 
@@ -154,7 +162,7 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, subprocess.Popen |
     open_log(job_dir)
     try:
         gen = job_images.restore_target(job_dir)
-        m = check_generation(gen)
+        m = check_generation(gen, jobid)
     except GpucrError as e:
         raise _give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}") from e
     log(f"restoring job {jobid} from {gen}")

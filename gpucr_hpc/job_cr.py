@@ -32,7 +32,8 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[int, list[dict
     """One agent per node of the job, as an overlapping step, in one MPI world."""
     argv = ["srun", f"--jobid={job.id}", "--overlap", f"--nodes={len(job.nodes)}",
             f"--ntasks={len(job.nodes)}", "--ntasks-per-node=1", "--mpi=pmix",
-            "--gpucr=off", "--kill-on-bad-exit=0", "--job-name=gpucr-agent",
+            # An agent that dies would leave the others waiting in the vote forever.
+            "--gpucr=off", "--kill-on-bad-exit=1", "--job-name=gpucr-agent",
             sys.executable, "-m", "gpucr_hpc.agent", *agent_args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_SPANK_")}
     try:
@@ -154,6 +155,8 @@ def restore(jobid: str, gen: int | None = None) -> dict:
     mf.load(target)  # committed and intact manifest, or a one-line error
     mf.write_atomic(job_dir / job_images.RESTORE, f"{target.name}\n".encode(), mode=0o644)
     if job.state == "PENDING":
+        if "held" in job.raw.get("Reason", "").lower():
+            slurm.release(jobid)  # held by a failed restore: try again with this generation
         return {"job": job.id, "generation": target.name, "requeued": False}
     slurm.requeue(jobid)
     return {"job": job.id, "generation": target.name, "requeued": True}

@@ -103,6 +103,10 @@ def requeue_hold(jobid: str, reason: str) -> None:
     run("scontrol", "update", f"JobId={jobid}", f"Comment={reason[:200]}", check=False)
 
 
+def release(jobid: str) -> None:
+    run("scontrol", "release", str(jobid))
+
+
 def suspend(jobid: str) -> None:
     run("scontrol", "suspend", str(jobid))
 

@@ -17,50 +17,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-# Always counts from 0: a run restarted from the top would repeat values.
-COUNTER = r"""
-import sys, time
-path, steps = sys.argv[1], int(sys.argv[2])
-out = open(path, "a", buffering=1)
-for i in range(steps):
-    out.write(f"{i}\n")
-    time.sleep(0.05)
-"""
-
-
-def gpucr(cluster, *args, check=True):
-    out = subprocess.run([sys.executable, "-m", "gpucr_hpc", *args], env=cluster.env,
-                         capture_output=True, text=True, timeout=300)
-    if check:
-        assert out.returncode == 0, out.stderr
-    return out
-
-
-def wait_for(pred, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def numbers(path: Path) -> list[int]:
-    return [int(x) for x in path.read_text().split()] if path.exists() else []
-
-
-def assert_counted_once(path: Path, steps: int):
-    got = numbers(path)
-    assert got == list(range(steps)), f"{path}: repeated or skipped values: {got[:5]}...{got[-5:]}"
-
-
-@pytest.fixture
-def workdir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("job")
-    os.chmod(d, 0o755)
-    (d / "counter.py").write_text(COUNTER)
-    return d
-
+from job_helpers import assert_counted_once, gpucr, numbers, wait_for, workdir  # noqa: F401
 
 def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):
     """A script that runs Python directly: checkpoint (job runs on), preempt, restored, continues."""

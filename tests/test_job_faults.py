@@ -1,0 +1,165 @@
+"""Faults during job checkpoint and restore, on the real test cluster: nothing is lost.
+
+* a node agent killed in the middle of a checkpoint: aborted, the job runs on;
+* the image store full: aborted, the previous generation intact, the job runs on;
+* a rank's image missing at restore: the job is held with the reason, the image untouched.
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.criu]
+
+if os.geteuid() != 0:
+    pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
+
+from job_helpers import COUNTER, gpucr, numbers, wait_for, workdir  # noqa: E402,F401
+
+
+def start_counting_job(cluster, workdir, ntasks=1, steps=100000):
+    script = workdir / "job.sh"
+    if ntasks == 1:
+        body = f"{sys.executable} {workdir}/counter.py {workdir}/rank-0.txt {steps}"
+    else:
+        body = (f"srun --ntasks={ntasks} bash -c 'exec {sys.executable} {workdir}/counter.py "
+                f"{workdir}/rank-$SLURM_PROCID.txt {steps}'")
+    script.write_text(f"#!/bin/bash\n{body}\n")
+    jobid = cluster.sbatch(script, "--gpucr=on", "-N1", f"--ntasks={ntasks}",
+                           "-o", str(workdir / "job.out"))
+    cluster.wait_state(jobid, "RUNNING")
+    logs = [workdir / f"rank-{r}.txt" for r in range(ntasks)]
+    wait_for(lambda: all(len(numbers(p)) > 10 for p in logs), what="the job to count")
+    return jobid, logs
+
+
+def still_counting(cluster, jobid, logs):
+    n = [len(numbers(p)) for p in logs]
+    wait_for(lambda: all(len(numbers(p)) > k + 5 for p, k in zip(logs, n)),
+             what="the job to keep running")
+    assert cluster.job(jobid)["JobState"] == "RUNNING"
+
+
+def tree_digest(root: Path) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def agent_pids() -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "gpucr_hpc.agent checkpoint"], capture_output=True, text=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def test_agent_killed_mid_checkpoint_aborts_and_job_runs_on(slurm_cluster, workdir):
+    jobid, logs = start_counting_job(slurm_cluster, workdir)
+    job_dir = slurm_cluster.state / "images" / jobid
+    try:
+        ck = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "checkpoint", jobid],
+                              env=slurm_cluster.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: agent_pids(), timeout=30, what="the node agent to start")
+        for pid in agent_pids():
+            os.kill(pid, 9)
+        _, err = ck.communicate(timeout=120)
+        assert ck.returncode != 0
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "aborted" in lines[0] and "left running" in lines[0], err
+        assert not (job_dir / "LATEST").exists()
+        assert not [p for p in job_dir.glob("gen-*")], list(job_dir.iterdir())
+        still_counting(slurm_cluster, jobid, logs)
+        # And the next checkpoint works.
+        assert "gen-" in gpucr(slurm_cluster, "checkpoint", jobid).stdout
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+@pytest.fixture
+def small_store(slurm_cluster):
+    """The job's image dir on a 48 MiB tmpfs, so that it can fill up."""
+    mounts = []
+
+    def make(jobid):
+        d = slurm_cluster.state / "images" / jobid
+        d.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m,mode=0755", "tmpfs", str(d)],
+                       check=True)
+        mounts.append(d)
+        return d
+
+    yield make
+    for d in mounts:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_image_store_full_aborts_and_keeps_previous_generation(slurm_cluster, workdir,
+                                                                small_store):
+    jobid, logs = start_counting_job(slurm_cluster, workdir)
+    try:
+        job_dir = small_store(jobid)
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        gen1 = tree_digest(job_dir / "gen-1")
+        st = os.statvfs(job_dir)
+        free = st.f_bavail * st.f_frsize
+        with open(job_dir / "filler", "wb") as f:  # leave 1 MiB
+            f.truncate(0)
+            f.write(b"\0" * max(0, free - (1 << 20)))
+        r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "aborted" in lines[0], r.stderr
+        assert "No space left" in lines[0] or "space" in lines[0].lower(), lines[0]
+        assert (job_dir / "LATEST").read_text().strip() == "gen-1"
+        assert tree_digest(job_dir / "gen-1") == gen1
+        assert not (job_dir / "gen-2").exists()
+        still_counting(slurm_cluster, jobid, logs)
+        rows = gpucr(slurm_cluster, "ls", jobid, "--json").stdout
+        assert '"committed": true' in rows and "damaged" not in rows
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_missing_rank_image_holds_job_with_reason_and_keeps_image(slurm_cluster, workdir):
+    jobid, logs = start_counting_job(slurm_cluster, workdir, ntasks=2)
+    gpucr(slurm_cluster, "checkpoint", jobid)
+    slurm_cluster.run("scancel", jobid)
+    slurm_cluster.wait_state(jobid, {"CANCELLED", "COMPLETED", "FAILED"}, timeout=60)
+    gen = slurm_cluster.state / "images" / jobid / "gen-1"
+    rank = next(p for p in gen.iterdir() if p.name.startswith("rank-"))
+    hidden = gen.parent / f".{rank.name}.moved-by-test"
+    rank.rename(hidden)  # a rank's image lost
+    before = tree_digest(gen)
+    try:
+        r = gpucr(slurm_cluster, "restore", jobid)
+        assert "restoring from gen-1" in r.stdout
+        comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
+        wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
+                 what="the job to be held with the reason")
+        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=60)
+        assert "held" in info["Reason"], info
+        assert f"gen-1 has no usable image of {rank.name}" in comment()
+        assert f"gpucr-hpc restore {jobid} --from N" in comment()
+        assert rank.name in (gen.parent / "restore.log").read_text()
+        assert tree_digest(gen) == before, "the failed restore changed the image"
+        for p in logs:
+            got = numbers(p)
+            assert got == list(range(len(got))), "a rank ran from the top"
+        # The image back in place, a restore of the same generation releases the job.
+        hidden.rename(rank)
+        r = gpucr(slurm_cluster, "restore", jobid, "--from", "1")
+        assert "restoring from gen-1" in r.stdout
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+        n = [len(numbers(p)) for p in logs]
+        wait_for(lambda: all(len(numbers(p)) > k + 5 for p, k in zip(logs, n)),
+                 what="the restored ranks to count on")
+        for p in logs:
+            got = numbers(p)
+            assert got == list(range(len(got))), "a rank repeated or skipped values"
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+        if hidden.exists():
+            hidden.rename(rank)
