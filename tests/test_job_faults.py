@@ -163,3 +163,37 @@ def test_missing_rank_image_holds_job_with_reason_and_keeps_image(slurm_cluster,
         slurm_cluster.run("scancel", jobid, check=False)
         if hidden.exists():
             hidden.rename(rank)
+
+
+def test_node_failure_during_restore_restores_again_elsewhere(slurm_cluster, workdir):
+    """The node a requeued job is being restored on fails (set DOWN): Slurm requeues the
+    job again, and it is restored on another node from the same, untouched image."""
+    steps = 300
+    jobid, logs = start_counting_job(slurm_cluster, workdir, ntasks=2, steps=steps)
+    gpucr(slurm_cluster, "preempt", jobid)
+    job_dir = slurm_cluster.state / "images" / jobid
+    wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", what="the requeue")
+    info = slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+    failed = info["NodeList"]
+    image = tree_digest(job_dir / "gen-1")
+    # DRAIN first: on its own, a DOWN node of this cluster (ReturnToService=2)
+    # comes back as soon as its slurmd registers again.
+    for state in ("DRAIN", "DOWN"):
+        slurm_cluster.run("scontrol", "update", f"NodeName={failed}", f"State={state}",
+                          "Reason=gpucr-test-node-failure")
+    try:
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "2", timeout=90,
+                 what="the job to be requeued after the node failure")
+        info = slurm_cluster.wait_state(jobid, "RUNNING", timeout=90)
+        assert info["NodeList"] != failed
+        assert tree_digest(job_dir / "gen-1") == image, "a restore changed the image"
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"NodeName={failed}", "State=RESUME", check=False)
+        slurm_cluster.run("scancel", jobid, check=False)
+    assert info["JobState"] == "COMPLETED", info
+    for p in logs:
+        got = numbers(p)
+        # The run on the failed node may have counted past the checkpoint: those lines
+        # were rewound by the second restore, so each value is still there once.
+        assert got == list(range(steps)), f"{p}: {got[:5]}...{got[-5:]}"
