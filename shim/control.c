@@ -164,6 +164,14 @@ static void serve(int fd)
     jb_init(&out);
     if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
         (cred.uid != 0 && cred.uid != getuid() && cred.uid != geteuid())) {
+        /* take the request first (briefly): closing on an unread request makes
+         * the client's send fail with EPIPE before it can read why */
+        struct timeval brief = {1, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &brief, sizeof brief);
+        char junk[MAX_LINE];
+        ssize_t n;
+        for (int k = 0; k < 4 && (n = recv(fd, junk, sizeof junk, 0)) > 0 && !memchr(junk, '\n', (size_t)n); k++)
+            ;
         jb_begin(&out);
         jb_bool(&out, "ok", 0);
         jb_str(&out, "error", "permission denied: only the process owner and root may control it");
