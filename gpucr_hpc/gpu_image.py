@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -105,9 +106,10 @@ def file_attrs(path: Path) -> dict:
 # layout is made first with h5py (contiguous datasets, storage allocated, no
 # fill), then the bytes are copied between the process (process_vm_readv /
 # process_vm_writev: the same permission CRIU needs) and the datasets' file
-# offsets, in large chunks, reading and writing in two threads.
+# offsets, in large pieces, by several threads.
 
 COPY_CHUNK = 64 << 20
+COPY_WORKERS = 4
 ALIGN = 1 << 20
 
 
@@ -174,21 +176,24 @@ class _Iovec(ctypes.Structure):
 _LIBC = None
 
 
-def _vm_call(write: bool):
+def _libc():
     global _LIBC
     if _LIBC is None:
-        _LIBC = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         for name in ("process_vm_readv", "process_vm_writev"):
-            fn = getattr(_LIBC, name)
+            fn = getattr(libc, name)
             fn.restype = ctypes.c_ssize_t
             fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
                            ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
-    return _LIBC.process_vm_writev if write else _LIBC.process_vm_readv
+        libc.sync_file_range.restype = ctypes.c_int
+        libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        _LIBC = libc
+    return _LIBC
 
 
 def _vm_copy(pid: int, local: np.ndarray, remote: int, n: int, write: bool) -> None:
     """n bytes between our buffer and the process's address `remote` (ctypes drops the GIL)."""
-    fn = _vm_call(write)
+    fn = _libc().process_vm_writev if write else _libc().process_vm_readv
     done = 0
     base = local.ctypes.data
     while done < n:
@@ -202,25 +207,47 @@ def _vm_copy(pid: int, local: np.ndarray, remote: int, n: int, write: bool) -> N
         done += got
 
 
-def _pump(jobs, read_into, write_from) -> int:
-    """Copy (src_off, dst_off, size) jobs in chunks: reads here, writes in a second thread."""
-    bufs = [np.empty(COPY_CHUNK, dtype=np.uint8) for _ in range(3)]
-    total, i = 0, 0
-    pending: list = []
-    with ThreadPoolExecutor(max_workers=1) as writer:
-        for src, dst, size in jobs:
-            for off in range(0, size, COPY_CHUNK):
-                n = min(COPY_CHUNK, size - off)
-                buf = bufs[i % len(bufs)]
-                if len(pending) == len(bufs) - 1:
-                    pending.pop(0).result()
-                read_into(buf, src + off, n)
-                pending.append(writer.submit(write_from, buf, dst + off, n))
-                total += n
-                i += 1
-        for p in pending:
-            p.result()
-    return total
+def _copy(jobs, read_into, write_from, workers: int = COPY_WORKERS) -> int:
+    """Copy (src_off, dst_off, size) jobs in COPY_CHUNK pieces, `workers` threads each
+    reading a piece into its own buffer and writing it out (ctypes, os.pread/pwrite
+    release the GIL); the first error stops all and is raised."""
+    pieces = iter([(src + off, dst + off, min(COPY_CHUNK, size - off))
+                   for src, dst, size in jobs for off in range(0, size, COPY_CHUNK)])
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def worker() -> int:
+        buf = np.empty(COPY_CHUNK, dtype=np.uint8)
+        done = 0
+        while not failed.is_set():
+            with lock:
+                piece = next(pieces, None)
+            if piece is None:
+                break
+            src, dst, n = piece
+            try:
+                read_into(buf, src, n)
+                write_from(buf, dst, n)
+            except BaseException:
+                failed.set()
+                raise
+            done += n
+        return done
+
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        futures = [ex.submit(worker) for _ in range(workers)]
+        return sum(f.result() for f in futures)
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, off: int, n: int) -> None:
+    """Start writing [off, off+n) to disk now (fsync then waits for less); best effort."""
+    try:
+        _libc().sync_file_range(fd, off, n, _SYNC_FILE_RANGE_WRITE)
+    except (AttributeError, OSError):
+        pass
 
 
 def _pread_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
@@ -239,25 +266,37 @@ def _pwrite_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
         view, off = view[got:], off + got
 
 
-def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None = None) -> dict:
+def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None = None,
+                 checksum=None) -> dict:
     """Write the blobs of process `pid`'s arena to a new HDF5 file, fsync'd.
 
-    Returns bytes and seconds of each part (layout, copy, fsync)."""
+    Pieces are handed to the disk as they are written, so the final fsync waits for
+    little; `checksum(path)` (e.g. image_store.block_digests), when given, runs from
+    the page cache while that fsync runs, its result in `checksum`. Returns bytes,
+    file size and seconds of each part."""
     t0 = time.monotonic()
     offsets = _create_layout(path, blobs, {"pid": pid, **(attrs or {})})
     t1 = time.monotonic()
     jobs = [(b.host, off, b.size) for b, off in zip(blobs, offsets) if b.size]
     fd = os.open(path, os.O_WRONLY)
     try:
-        total = _pump(jobs, lambda buf, src, n: _vm_copy(pid, buf, src, n, write=False),
-                      lambda buf, dst, n: _pwrite_all(fd, buf, dst, n))
+        def write(buf, dst, n):
+            _pwrite_all(fd, buf, dst, n)
+            _start_writeback(fd, dst, n)
+
+        total = _copy(jobs, lambda buf, src, n: _vm_copy(pid, buf, src, n, write=False), write)
         t2 = time.monotonic()
-        os.fsync(fd)
+        with ThreadPoolExecutor(max_workers=1) as ex:
+            digest = ex.submit(checksum, path) if checksum else None
+            os.fsync(fd)
+            t3 = time.monotonic()
+            digest = digest.result() if digest else None
+        size = os.fstat(fd).st_size
     finally:
         os.close(fd)
-    t3 = time.monotonic()
-    return {"bytes": total, "allocations": len(blobs), "layout_s": t1 - t0, "copy_s": t2 - t1,
-            "fsync_s": t3 - t2}
+    t4 = time.monotonic()
+    return {"bytes": total, "allocations": len(blobs), "file_size": size, "checksum": digest,
+            "layout_s": t1 - t0, "copy_s": t2 - t1, "fsync_s": t3 - t2, "fsync_and_checksum_s": t4 - t2}
 
 
 def load_process(path: Path, pid: int, blobs: list[Blob]) -> dict:
@@ -280,7 +319,7 @@ def load_process(path: Path, pid: int, blobs: list[Blob]) -> dict:
     t0 = time.monotonic()
     fd = os.open(path, os.O_RDONLY)
     try:
-        total = _pump(jobs, lambda buf, src, n: _pread_all(fd, buf, src, n),
+        total = _copy(jobs, lambda buf, src, n: _pread_all(fd, buf, src, n),
                       lambda buf, dst, n: _vm_copy(pid, buf, dst, n, write=True))
     finally:
         os.close(fd)

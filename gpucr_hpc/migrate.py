@@ -14,7 +14,8 @@ checkpoint_to(pid, DIR):
                   --leave-running the tree is gone after this, with it the tree
                   runs on (`released_s`: how long the process was held);
     4. persist  - the drain: staged CRIU files to DIR/criu/, each with its
-                  sha256, and the sha256 of the .h5 files (`persist_s`); with
+                  sha256 (the .h5 files got theirs as they were written;
+                  `persist_s`); with
                   --leave-running the tree gets its GPU state back first
                   (`gpu_resume_s`);
     5. commit   - manifest.json, then COMMITTED, atomically (`commit_s`).
@@ -201,9 +202,8 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
         if gpu is not None and leave_running:
             timings["gpu_resume_s"] = gpu.resume()["resume_s"]  # the original runs on, on its GPU
             gpu_active = False
-        gpu_bytes = 0
-        for rel in (gpu.h5_files if gpu else []):
-            gpu_bytes += writer.add_written(rel)
+        for rel, size, digests in (gpu.h5_files if gpu else []):
+            writer.add_blocks(rel, size, digests)
         if stage:
             criu_bytes = writer.add_tree(stage, image_store.CRIU_SUBDIR)
         else:

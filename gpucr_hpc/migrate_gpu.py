@@ -5,7 +5,8 @@ Checkpoint (`GpuCheckpoint`), on the shimmed and CUDA processes of the tree:
   1. data     the shims quiesce, copy their GPU memory into their host arenas and
               hand the VRAM back (process_cr.shim_checkpoint); `data_s`;
   2. write    each arena, as the shim placed it (its reply lists the allocations),
-              is copied from the process into <image>/process-<pid>.h5 and fsync'd
+              is copied from the process into <image>/process-<pid>.h5 and fsync'd,
+              checksummed per block from the page cache meanwhile
               (gpu_image.save_process); `h5_write_s`, `h5_MBps`;
   3. detach   each shim unregisters its arena and swaps it for an empty
               reservation of the same range: CRIU cannot dump it (unlinked shared
@@ -65,7 +66,7 @@ class GpuCheckpoint:
             raise GpucrError(f"process {pid} is checkpointed in place",
                              f"restore it first (`gpucr-hpc restore --pid {pid}`), then checkpoint --to")
         self.records: list[dict] = []   # per process, for the manifest
-        self.h5_files: list[str] = []   # image-relative
+        self.h5_files: list[tuple[str, int, list]] = []   # image-relative name, size, block sha256s
         self.timings: dict[str, float] = {}
         self.bytes = 0
         self._shimmed: list = []
@@ -111,14 +112,16 @@ class GpuCheckpoint:
             return rec
         rel = image_store.process_h5_name(tg.pid)
         try:
-            rep = gpu_image.save_process(self.dir / rel, tg.pid, blobs, attrs={"vendor": "nvidia"})
+            rep = gpu_image.save_process(self.dir / rel, tg.pid, blobs, attrs={"vendor": "nvidia"},
+                                         checksum=image_store.block_digests)
         except OSError as e:
             raise GpucrError(f"writing the GPU data of process {tg.pid} to {self.dir / rel} failed: "
                              f"{e.strerror or e}", "free space there or checkpoint --to another directory")
-        self.h5_files.append(rel)
+        self.h5_files.append((rel, rep["file_size"], rep["checksum"]))
         self.bytes += rep["bytes"]
         rec.update(h5=rel, bytes=rep["bytes"], allocations=rep["allocations"],
-                   copy_s=round(rep["copy_s"], 6), fsync_s=round(rep["fsync_s"], 6))
+                   copy_s=round(rep["copy_s"], 6), fsync_s=round(rep["fsync_s"], 6),
+                   fsync_and_checksum_s=round(rep["fsync_and_checksum_s"], 6))
         return rec
 
     # -- undo / leave running ---------------------------------------------------

@@ -103,7 +103,9 @@ class Ctx:
         err = self.root / f"{name}.err"
         cmd = [sys.executable, str(TRAIN), *self.wl_args]
         if shim:
-            cmd = [sys.executable, "-m", "gpucr_hpc", "run", "--"] + cmd
+            arena = (["--arena", self.args.arena] if self.args.arena else []) + \
+                    (["--arena-size", self.args.arena_size] if self.args.arena_size else [])
+            cmd = [sys.executable, "-m", "gpucr_hpc", "run", *arena, "--"] + cmd
         with open(out, "w") as fo, open(err, "w") as fe:
             p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
                                  env=self.cli_env if shim else self.env, start_new_session=True)
@@ -122,7 +124,8 @@ def reference(ctx: Ctx) -> dict:
 
 
 def fs_write_bandwidth(root: Path, nbytes: int) -> dict:
-    """Sequential write of nbytes (fsync'd) where the images go, in 64 MiB writes."""
+    """Sequential write of nbytes (fsync'd) where the images go, in 64 MiB writes, each
+    handed to the disk at once (sync_file_range, as the image writer does)."""
     path = root / "fs-bandwidth.tmp"
     buf = os.urandom(64 << 20)
     t = time.monotonic()
@@ -130,7 +133,9 @@ def fs_write_bandwidth(root: Path, nbytes: int) -> dict:
     try:
         done = 0
         while done < nbytes:
-            done += os.write(fd, buf)
+            n = os.write(fd, buf)
+            gpu_image._start_writeback(fd, done, n)
+            done += n
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -241,6 +246,9 @@ def checks(res: dict) -> dict:
         ck["kill_h5_holds_gpu_data"] = (img.get("h5_payload_bytes") or 0) >= res["args"]["ballast_gib"] * 2**30
         ck["kill_restored_bit_identical"] = bool((k.get("restore") or {}).get("output_identical"))
         ck["kill_image_unchanged_by_restore"] = bool((k.get("restore") or {}).get("image_unchanged"))
+    if k is not None and "checkpoint" in k and res.get("fs_write"):
+        res["h5_write_vs_fs_write"] = round(k["checkpoint"]["timings"].get("gpu_h5_MBps", 0)
+                                            / res["fs_write"]["MBps"], 3)
     lr = res.get("leave_running")
     if lr is not None:
         ck["leave_no_error"] = "error" not in lr
@@ -265,6 +273,8 @@ def main():
     ap.add_argument("--only", nargs="*", default=None, help="kill, leave_running")
     ap.add_argument("--again", action="store_true", help="restore the leave-running image again, new PID ns")
     ap.add_argument("--keep", action="store_true", help="keep the images")
+    ap.add_argument("--arena", default=None, help="gpucr-hpc run --arena (e.g. a hugetlbfs mount)")
+    ap.add_argument("--arena-size", default=None, help="gpucr-hpc run --arena-size (preallocated arena)")
     args = ap.parse_args()
     ctx = Ctx(args)
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

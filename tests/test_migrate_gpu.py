@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from gpucr_hpc import criu as criu_mod
-from gpucr_hpc import gpu_image
+from gpucr_hpc import gpu_image, image_store
 from gpucr_hpc.errors import GpucrError
 from shim_helpers import REPO, build_shim
 
@@ -49,8 +49,11 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
         blobs = [gpu_image.Blob(handle=0x20, va=0x7F0000000000, size=na, device=0, host=ha),
                  gpu_image.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
         p = tmp_path / "process-1.h5"
-        rep = gpu_image.save_process(p, child.pid, blobs, attrs={"vendor": "nvidia"})
+        rep = gpu_image.save_process(p, child.pid, blobs, attrs={"vendor": "nvidia"},
+                                     checksum=image_store.block_digests)
         assert rep["bytes"] == na + nb and rep["allocations"] == 2
+        assert rep["file_size"] == p.stat().st_size
+        assert rep["checksum"] == image_store.block_digests(p, workers=1)
         assert gpu_image.list_buffers(p) == sorted([(0, nb, 0), (0x7F0000000000, na, 0)])
         back = {b.va: b.data for b in gpu_image.read(p)}
         assert np.array_equal(back[0x7F0000000000], np.arange(3_000_000, dtype=np.uint32).view(np.uint8))
@@ -91,3 +94,25 @@ def test_pytorch_process_migrates_bit_identically(tmp_path):
         assert "error" not in res[scenario], f"{scenario}: {res[scenario]['error']}\n{res[scenario]['stderr_tail']}"
     for check, ok in res["checks"].items():
         assert ok, f"{check} failed: {r.stdout[-3000:]}"
+
+
+def test_block_checksummed_file_is_verified(tmp_path, monkeypatch):
+    """A GPU data file recorded with per-block sha256s: intact it opens, one changed
+    byte in any block is a one-line refusal naming the file."""
+    monkeypatch.setattr(image_store, "HASH_BLOCK", 1 << 20)
+    from gpucr_hpc import manifest as mf
+
+    img = tmp_path / "img"
+    w = image_store.ImageWriter(img, mf.new_manifest(kind="process", vendor="nvidia", gpu=None))
+    data = np.random.default_rng(3).integers(0, 256, (5 << 20) + 123, dtype=np.uint8)
+    (img / "process-1.h5").write_bytes(data.tobytes())
+    digests = image_store.block_digests(img / "process-1.h5", workers=3)
+    assert len(digests) == 6
+    w.add_blocks("process-1.h5", data.size, digests)
+    w.commit()
+    image_store.open_image(img)
+    with open(img / "process-1.h5", "r+b") as f:
+        f.seek((3 << 20) + 7)
+        f.write(b"\x00" if data[(3 << 20) + 7] else b"\x01")
+    with pytest.raises(GpucrError, match="checksum mismatch in process-1.h5"):
+        image_store.open_image(img)
