@@ -75,13 +75,21 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
             const char *e = getenv("GPUCR_QUIESCE_TIMEOUT_MS");
             t = e ? atol(e) : 10000;
         }
+        pthread_mutex_lock(&gpucr_cmd_mu); /* against a yield on SIGTSTP (suspend.c) */
         gpucr_cmd_checkpoint(t, out);
+        pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "restore")) {
+        pthread_mutex_lock(&gpucr_cmd_mu);
         gpucr_cmd_restore(out);
+        pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "arena_detach")) {
+        pthread_mutex_lock(&gpucr_cmd_mu);
         gpucr_cmd_arena_detach(out);
+        pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "arena_attach")) {
+        pthread_mutex_lock(&gpucr_cmd_mu);
         gpucr_cmd_arena_attach(out);
+        pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "ipc_fd")) {
         uint64_t size = 0;
         int fd = gpucr_ipc_export_fd(req.id, &size);

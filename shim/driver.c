@@ -71,6 +71,7 @@ static int load_locked(int only_if_present)
             *e->real = gpucr_real_dlsym(h, e->name);
     loaded = 1;
     gpucr_log("driver loaded");
+    gpucr_tstp_install(); /* a CUDA process: VRAM yield on SIGTSTP (suspend.c) */
     return 0;
 }
 

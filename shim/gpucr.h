@@ -171,5 +171,17 @@ void gpucr_cmd_arena_attach(struct jbuf *out);
 /* ipc_legacy.c: a new descriptor for legacy IPC export ID (the caller closes
  * it) and its size; -1 when there is no such export. */
 int gpucr_ipc_export_fd(uint64_t id, uint64_t *size);
+/* Serializes the commands above between the control thread and suspend.c. */
+extern pthread_mutex_t gpucr_cmd_mu;
+
+/* ---- suspend.c: VRAM yield on SIGTSTP, restore on SIGCONT ------------- */
+#ifndef GPUCR_YIELD_ON_TSTP_DEFAULT
+#define GPUCR_YIELD_ON_TSTP_DEFAULT 1 /* GPUCR_YIELD_ON_TSTP unset or empty */
+#endif
+/* Installs the handlers and their thread if enabled and the program left both
+ * signals at SIG_DFL: 1 installed, 0 not (disabled or the program's own), -1 error. */
+int gpucr_tstp_install(void);
+int gpucr_tstp_installed(void); /* our SIGTSTP handler is in place in this process */
+void gpucr_tstp_after_fork_child(void);
 
 #endif

@@ -19,6 +19,7 @@ static void after_fork_child(void)
     gpucr_table_after_fork_child();
     gpucr_arena_after_fork_child();
     gpucr_checkpoint_after_fork_child();
+    gpucr_tstp_after_fork_child();
     if (enabled("GPUCR_CONTROL", 1))
         gpucr_control_after_fork_child();
 }

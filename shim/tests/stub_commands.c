@@ -1,9 +1,56 @@
-/* Command stubs so the GPU-independent core links without CUDA in unit tests. */
+/* Command stubs so the GPU-independent core links without CUDA in unit tests.
+ * For test_tstp: GPUCR_STUB_LOG_FD (a descriptor) gets "checkpoint\n" and
+ * "restore\n" as they run; GPUCR_STUB_CKPT_MS makes the checkpoint take that
+ * long (noting "start\n" first); GPUCR_STUB_REFUSE makes it answer a refusal. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "gpucr.h"
 
+static int checkpointed;
+
+static void note(const char *what)
+{
+    const char *fd = getenv("GPUCR_STUB_LOG_FD");
+    if (fd && *fd)
+        (void)!write(atoi(fd), what, strlen(what));
+}
+
 void gpucr_cmd_status(struct jbuf *out) { jb_begin(out); jb_bool(out, "ok", 1); jb_end(out); }
-void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out) { (void)timeout_ms; gpucr_cmd_status(out); }
-void gpucr_cmd_restore(struct jbuf *out) { gpucr_cmd_status(out); }
+void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
+{
+    (void)timeout_ms;
+    const char *ms = getenv("GPUCR_STUB_CKPT_MS");
+    if (getenv("GPUCR_STUB_REFUSE")) {
+        jb_begin(out);
+        jb_bool(out, "ok", 0);
+        jb_str(out, "error", "checkpoint refused: the process uses managed (UVM) memory (1 allocation), which the "
+                             "driver cannot checkpoint; it keeps running");
+        jb_end(out);
+        return;
+    }
+    if (ms && *ms)
+        note("start\n");
+    if (ms && *ms)
+        usleep((useconds_t)atol(ms) * 1000);
+    checkpointed = 1;
+    note("checkpoint\n");
+    gpucr_cmd_status(out);
+}
+void gpucr_cmd_restore(struct jbuf *out)
+{
+    if (!checkpointed) {
+        jb_begin(out);
+        jb_bool(out, "ok", 0);
+        jb_str(out, "error", "not checkpointed: nothing to restore");
+        jb_end(out);
+        return;
+    }
+    checkpointed = 0;
+    note("restore\n");
+    gpucr_cmd_status(out);
+}
 void gpucr_cmd_arena_detach(struct jbuf *out) { gpucr_cmd_status(out); }
 void gpucr_cmd_arena_attach(struct jbuf *out) { gpucr_cmd_status(out); }
 int gpucr_ipc_export_fd(uint64_t id, uint64_t *size) { (void)id; (void)size; return -1; }
