@@ -87,21 +87,36 @@ def register(run_dir: Path, unit: dict, pid: int) -> None:
     tmp.rename(tasks / name)
 
 
-def provide_batch_script(gen: Path, unit: dict) -> None:
+def provide_batch_script(gen: Path, unit: dict) -> list[Path]:
     """bash keeps its script open: the restored shell needs it at its old path.
 
     On a cluster that path (slurmd's spool) is the same on every node and the
     restarted job's identical script is there; on another node of a test
     cluster sharing one machine it differs, so the new copy is put there.
+    Returns what was created: it must go once the shell has it open, since
+    that is another slurmd's spool (it would refuse to launch the job there).
     """
     script = os.environ.get("GPUCR_BATCH_SCRIPT")
+    created: list[Path] = []
     if not script:
-        return
+        return created
     for rec in mf.load(gen / unit["name"]).get("open_files") or []:
         old = Path(rec["path"])
         if old.name == Path(script).name and not old.exists():
-            old.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not old.parent.exists():
+                old.parent.mkdir(parents=True, mode=0o700)
+                created.append(old.parent)
             shutil.copy2(script, old)
+            created.insert(0, old)
+    return created
+
+
+def remove_created(paths: list[Path]) -> None:
+    for p in paths:  # files first, then their directories
+        try:
+            p.rmdir() if p.is_dir() else p.unlink()
+        except OSError:
+            pass
 
 
 def restore_unit(gen: Path, unit: dict, site, jobid: str,
@@ -110,10 +125,12 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     # The shim's control socket is bound under the run dir of the node it ran on.
     old_run_dir = site.job_run_dir(jobid, unit["node"])
     old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if unit["name"] == "batch":
-        provide_batch_script(gen, unit)
-    rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
-                               inherit=inherit)
+    created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
+    try:
+        rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
+                                   inherit=inherit)
+    finally:
+        remove_created(created)  # the restored shell holds it open by now
     register(site.job_run_dir(jobid), unit, rep["pid"])
     return rep
 

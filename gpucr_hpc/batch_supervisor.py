@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from gpucr_hpc import batch_restore, job_cr, slurm
 from gpucr_hpc.errors import GpucrError

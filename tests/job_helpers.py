@@ -53,3 +53,14 @@ def workdir(tmp_path_factory):
     return d
 
 
+
+
+def counting_script(workdir: Path, log: Path, steps: int) -> Path:
+    """A batch script that runs the counter directly (no srun), with a line before and after."""
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
+{sys.executable} {workdir}/counter.py {log} {steps}
+echo "after python"
+""")
+    return script

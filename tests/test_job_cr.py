@@ -5,10 +5,8 @@ world, CRIU, the restorer that replaces the requeued script) is the real one.
 """
 
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -17,18 +15,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import assert_counted_once, gpucr, numbers, wait_for, workdir  # noqa: F401
+from job_helpers import (assert_counted_once, counting_script, gpucr, numbers,  # noqa: F401
+                         wait_for, workdir)
+
 
 def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):
     """A script that runs Python directly: checkpoint (job runs on), preempt, restored, continues."""
     steps = 120
     log = workdir / "count.txt"
-    script = workdir / "job.sh"
-    script.write_text(f"""#!/bin/bash
-echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
-{sys.executable} {workdir}/counter.py {log} {steps}
-echo "after python"
-""")
+    script = counting_script(workdir, log, steps)
     out = workdir / "job.out"
     jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-o", str(out))
     slurm_cluster.wait_state(jobid, "RUNNING")
@@ -212,12 +207,7 @@ def test_job_near_its_time_limit_is_checkpointed_and_goes_on(slurm_cluster, work
     checkpoints and requeues itself, and finishes its count in the next run(s)."""
     steps = 1800  # 90 s of counting
     log = workdir / "count.txt"
-    script = workdir / "job.sh"
-    script.write_text(f"""#!/bin/bash
-echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
-{sys.executable} {workdir}/counter.py {log} {steps}
-echo "after python"
-""")
+    script = counting_script(workdir, log, steps)
     out = workdir / "job.out"
     jobid = slurm_cluster.sbatch(script, "--gpucr=on", "--time=2", "-o", str(out))
     info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"},

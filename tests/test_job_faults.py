@@ -9,7 +9,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import COUNTER, gpucr, numbers, wait_for, workdir  # noqa: E402,F401
+from job_helpers import gpucr, numbers, wait_for, workdir  # noqa: E402,F401
 
 
 def start_counting_job(cluster, workdir, ntasks=1, steps=100000):
