@@ -118,6 +118,16 @@ static void slurp(int fd, char *buf, size_t len, double settle)
     buf[have] = 0;
 }
 
+/* Reads until the log is exactly want (bounded: 5 s). */
+static void expect_log(int fd, char *buf, size_t len, const char *want)
+{
+    for (int k = 0; k < 500 && strcmp(buf, want); k++)
+        slurp(fd, buf, len, 0.01);
+    if (strcmp(buf, want))
+        fprintf(stderr, "log: [%s], expected [%s]\n", buf, want);
+    CHECK(!strcmp(buf, want));
+}
+
 static void finish(struct child *c)
 {
     kill(c->pid, SIGKILL);
@@ -136,21 +146,16 @@ int main(void)
     struct child c = spawn(0);
     kill(c.pid, SIGTSTP);
     wait_state(c.pid, 1, 5);
-    slurp(c.log, log, sizeof log, 0.05);
-    CHECK(!strcmp(log, "checkpoint\n"));
+    expect_log(c.log, log, sizeof log, "checkpoint\n");
     kill(c.pid, SIGCONT);
     wait_state(c.pid, 0, 5);
-    slurp(c.log, log, sizeof log, 0.2);
-    if (strcmp(log, "checkpoint\nrestore\n"))
-        fprintf(stderr, "log: [%s]\n", log);
-    CHECK(!strcmp(log, "checkpoint\nrestore\n"));
+    expect_log(c.log, log, sizeof log, "checkpoint\nrestore\n");
     /* twice: the thread is still serving */
     kill(c.pid, SIGTSTP);
     wait_state(c.pid, 1, 5);
     kill(c.pid, SIGCONT);
     wait_state(c.pid, 0, 5);
-    slurp(c.log, log, sizeof log, 0.2);
-    CHECK(!strcmp(log, "checkpoint\nrestore\ncheckpoint\nrestore\n"));
+    expect_log(c.log, log, sizeof log, "checkpoint\nrestore\ncheckpoint\nrestore\n");
     slurp(c.err, err, sizeof err, 0);
     CHECK(err[0] == 0); /* success is silent */
     finish(&c);
@@ -188,7 +193,8 @@ int main(void)
     kill(c.pid, SIGTSTP);
     double t = wait_state(c.pid, 1, 5);
     CHECK(t >= 0.35);
-    slurp(c.err, err, sizeof err, 0.05);
+    for (int k = 0; k < 500 && !strchr(err, '\n'); k++)
+        slurp(c.err, err, sizeof err, 0.01);
     CHECK(strstr(err, "did not finish within 0.1 s (took 0."));
     kill(c.pid, SIGCONT);
     wait_state(c.pid, 0, 5);
@@ -203,7 +209,8 @@ int main(void)
     c = spawn(0);
     kill(c.pid, SIGTSTP);
     wait_state(c.pid, 1, 5);
-    slurp(c.err, err, sizeof err, 0.05);
+    for (int k = 0; k < 500 && !strchr(err, '\n'); k++)
+        slurp(c.err, err, sizeof err, 0.01);
     CHECK(strstr(err, "gpucr: GPU memory not yielded on suspend: checkpoint refused: the process uses managed (UVM) memory"));
     CHECK(!strstr(err, "keeps running"));
     kill(c.pid, SIGCONT);
