@@ -28,13 +28,16 @@ def _job_for_action(jobid: str) -> slurm.Job:
     return job
 
 
-def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[int, list[dict], str]:
-    """One agent per node of the job, as an overlapping step, in one MPI world."""
+def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, list[dict], str]:
+    """One agent per node of the job, as an overlapping step, in one MPI world.
+
+    Returns rank 0's result (None when the agents broke), the node reports, and
+    the last line the agents wrote to stderr (why they broke)."""
     argv = ["srun", f"--jobid={job.id}", "--overlap", f"--nodes={len(job.nodes)}",
             f"--ntasks={len(job.nodes)}", "--ntasks-per-node=1", "--mpi=pmix",
             # An agent that dies would leave the others waiting in the vote forever.
             "--gpucr=off", "--kill-on-bad-exit=1", "--job-name=gpucr-agent",
-            sys.executable, "-m", "gpucr_hpc.agent", *agent_args]
+            sys.executable, "-m", "gpucr_hpc.agent", *agent_args, "--job-json", _job_json(job)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_SPANK_")}
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S, env=env)
@@ -47,48 +50,50 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[int, list[dict
             lines.append(json.loads(line))
         except ValueError:
             continue
-    return out.returncode, lines, out.stderr
-
-
-def checkpoint(jobid: str) -> dict:
-    t0 = time.monotonic()
-    site = load_site()
-    require_plugin(site)
-    job = _job_for_action(jobid)
-    if not job.running:
-        raise GpucrError(f"job {jobid} is {job.state}, not RUNNING",
-                         "only a running job can be checkpointed")
-    gen_dir = job_images.new_generation(site.job_image_dir(job.id), job.uid)
-    job_json = json.dumps({k: v for k, v in asdict(job).items() if k != "raw"})
-    rc, lines, stderr = launch_agents(job, ["checkpoint", "--job-json", job_json,
-                                            "--gen-dir", str(gen_dir)])
     result = next((l["result"] for l in lines if "result" in l), None)
-    if result is None:
-        if gen_dir.exists() and not (gen_dir / mf.COMMITTED).exists():
-            job_images.discard(gen_dir)
-        why = stderr.strip().splitlines()[-1] if stderr.strip() else f"srun exit {rc}"
-        raise GpucrError(f"checkpoint of job {jobid} aborted: the node agents failed ({why})",
-                         "the job was left running; see the slurmd logs of its nodes")
-    result["total_s"] = time.monotonic() - t0
-    result["node_reports"] = [l["node_report"] for l in lines if "node_report" in l]
-    if not result["committed"]:
-        raise GpucrError(f"checkpoint of job {jobid} aborted: {'; '.join(result['errors'])}",
-                         "the job was left running and the previous checkpoint is intact")
-    return result
+    reports = [l["node_report"] for l in lines if "node_report" in l]
+    why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"srun exit {out.returncode}"
+    return result, reports, why
 
 
 def _job_json(job: slurm.Job) -> str:
     return json.dumps({k: v for k, v in asdict(job).items() if k != "raw"})
 
 
-def _in_place(job: slurm.Job, action: str) -> dict:
-    rc, lines, stderr = launch_agents(job, [action, "--job-json", _job_json(job)])
-    result = next((l["result"] for l in lines if "result" in l), None)
+def _running_job(jobid: str, verb: str) -> slurm.Job:
+    job = _job_for_action(jobid)
+    if not job.running:
+        raise GpucrError(f"job {jobid} is {job.state}, not RUNNING",
+                         f"only a running job can be {verb}")
+    return job
+
+
+def checkpoint(jobid: str) -> dict:
+    t0 = time.monotonic()
+    site = load_site()
+    require_plugin(site)
+    job = _running_job(jobid, "checkpointed")
+    gen_dir = job_images.new_generation(site.job_image_dir(job.id), job.uid)
+    result, reports, why = launch_agents(job, ["checkpoint", "--gen-dir", str(gen_dir)])
     if result is None:
-        why = stderr.strip().splitlines()[-1] if stderr.strip() else f"srun exit {rc}"
+        if gen_dir.exists() and not (gen_dir / mf.COMMITTED).exists():
+            job_images.discard(gen_dir)
+        raise GpucrError(f"checkpoint of job {jobid} aborted: the node agents failed ({why})",
+                         "the job was left running; see the slurmd logs of its nodes")
+    result["total_s"] = time.monotonic() - t0
+    result["node_reports"] = reports
+    if not result["committed"]:
+        raise GpucrError(f"checkpoint of job {jobid} aborted: {'; '.join(result['errors'])}",
+                         "the job was left running and the previous checkpoint is intact")
+    return result
+
+
+def _in_place(job: slurm.Job, action: str) -> dict:
+    result, reports, why = launch_agents(job, [action])
+    if result is None:
         raise GpucrError(f"the node agents of job {job.id} failed ({why})",
                          "see the slurmd logs of its nodes")
-    result["node_reports"] = [l["node_report"] for l in lines if "node_report" in l]
+    result["node_reports"] = reports
     return result
 
 
@@ -96,9 +101,7 @@ def suspend(jobid: str) -> dict:
     """GPU state of every rank checkpointed in place (VRAM handed back), then scontrol suspend."""
     t0 = time.monotonic()
     require_plugin(load_site())
-    job = _job_for_action(jobid)
-    if not job.running:
-        raise GpucrError(f"job {jobid} is {job.state}, not RUNNING", "only a running job can be suspended")
+    job = _running_job(jobid, "suspended")
     result = _in_place(job, "yield")
     if not result["ok"]:
         raise GpucrError(f"suspend of job {jobid} aborted: {'; '.join(result['errors'])}",
