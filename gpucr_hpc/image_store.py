@@ -277,7 +277,7 @@ def tree_digest(path: Path) -> str:
     path = Path(path)
     for root, dirs, files in os.walk(path):
         dirs.sort()
-        for n in sorted(files) + []:
+        for n in sorted(files):
             p = Path(root) / n
             st = p.lstat()
             h.update(f"{p.relative_to(path)}\0{st.st_mode}\0{st.st_uid}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucr_hpc.criu import process_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.shim_client import ShimClient, pid_alive, shimmed_pids
 
@@ -39,25 +40,6 @@ class Target:
     shim_state: str = ""      # running / checkpointed (shim's view)
     driver_state: str | None = None
     result: dict = field(default_factory=dict)
-
-
-def process_tree(pid: int) -> list[int]:
-    """PID and all its descendants (from /proc), root first."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        # the command name may contain spaces and parentheses: split after the last ')'
-        fields = text[text.rfind(")") + 2:].split()
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    order, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        order.append(p)
-        todo.extend(sorted(children.get(p, [])))
-    return order
 
 
 _DRIVER = None

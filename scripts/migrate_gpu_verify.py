@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 TRAIN = REPO / "tests" / "shim_workloads" / "train_torch.py"
 
 from gpucr_hpc import gpu_image  # noqa: E402
+from gpucr_hpc.criu import is_alive as alive  # noqa: E402
 
 
 def smi(query: str) -> list[str]:
@@ -52,14 +53,6 @@ def out_lines(path: Path) -> list[str]:
 
 def steps(path: Path) -> int:
     return sum(1 for ln in out_lines(path) if ln.startswith("step "))
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def wait_until(cond, timeout: float, what: str) -> None:

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpucr_hpc.criu import is_alive as alive  # noqa: F401 - the tests use it from here
+
 REPO = Path(__file__).resolve().parent.parent
 
 WORKLOAD = r'''
@@ -131,14 +133,6 @@ def cli(*args, env=None, check=False) -> subprocess.CompletedProcess:
 def cli_json(*args, **kw) -> dict:
     r = cli(*args, "--json", check=True, **kw)
     return json.loads(r.stdout)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 def kill_tree(pid: int, timeout: float = 10.0) -> None:

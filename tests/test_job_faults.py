@@ -5,11 +5,9 @@
 * a rank's image missing at restore: the job is held with the reason, the image untouched.
 """
 
-import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,6 +16,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
+from gpucr_hpc.image_store import tree_digest  # noqa: E402
 from job_helpers import gpucr, numbers, wait_for, workdir  # noqa: E402,F401
 
 
@@ -42,11 +41,6 @@ def still_counting(cluster, jobid, logs):
     wait_for(lambda: all(len(numbers(p)) > k + 5 for p, k in zip(logs, n)),
              what="the job to keep running")
     assert cluster.job(jobid)["JobState"] == "RUNNING"
-
-
-def tree_digest(root: Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def agent_pids() -> list[int]:

@@ -33,7 +33,7 @@ def running(env, tmp_path):
     p = subprocess.Popen(gpucr_cli() + ["run", "--", "sh", "-c", "sleep 60 & wait"], env=env)
     assert wait_for(tmp_path / "run" / f"{p.pid}.sock")
     yield p
-    from gpucr_hpc.process_cr import process_tree
+    from gpucr_hpc.criu import process_tree
 
     for pid in reversed(process_tree(p.pid)):
         try:
