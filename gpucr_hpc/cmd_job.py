@@ -103,6 +103,18 @@ def job_rows(jobid: str | None = None) -> list[dict]:
     return rows
 
 
+def generation_state(r: dict) -> str:
+    if r.get("error"):
+        return "damaged"
+    return ("committed" if r["committed"] else "incomplete") + (" (latest)" if r.get("latest") else "")
+
+
+def generation_cells(r: dict) -> list[str]:
+    """generation, state, size, nodes, units, created: one row of the ls/status tables."""
+    return [r["generation"], generation_state(r), _size(r.get("bytes", 0)),
+            ",".join(r.get("nodes", [])), str(len(r.get("units", []))), r.get("created") or ""]
+
+
 @click.command("ls")
 @click.argument("jobid", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the generations as JSON.")
@@ -116,14 +128,7 @@ def ls(jobid, as_json):
     for col in ("job", "generation", "state", "size", "nodes", "units", "created"):
         table.add_column(col)
     for r in rows:
-        state = "committed" if r["committed"] else "incomplete"
-        if r.get("latest"):
-            state += " (latest)"
-        if r.get("error"):
-            state = "damaged"
-        table.add_row(r["job"], r["generation"], state, _size(r.get("bytes", 0)),
-                      ",".join(r.get("nodes", [])), str(len(r.get("units", []))),
-                      r.get("created") or "")
+        table.add_row(r["job"], *generation_cells(r))
     Console().print(table)
 
 
@@ -197,10 +202,7 @@ def show_job_status(jobid: str, as_json: bool) -> None:
         for col in ("generation", "state", "size", "nodes", "units", "created"):
             table.add_column(col)
         for r in st["generations"]:
-            state = "damaged" if r.get("error") else ("committed" if r["committed"] else "incomplete")
-            table.add_row(r["generation"], state + (" (latest)" if r.get("latest") else ""),
-                          _size(r.get("bytes", 0)), ",".join(r.get("nodes", [])),
-                          str(len(r.get("units", []))), r.get("created") or "")
+            table.add_row(*generation_cells(r))
         console.print(table)
     else:
         console.print("no checkpoint yet")
