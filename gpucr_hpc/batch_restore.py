@@ -127,8 +127,9 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
     try:
+        # check_generation verified every unit before the job's restore began.
         rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
-                                   inherit=inherit)
+                                   inherit=inherit, checksums_verified=True)
     finally:
         remove_created(created)  # the restored shell holds it open by now
     register(site.job_run_dir(jobid), unit, rep["pid"])

@@ -320,14 +320,17 @@ def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
 
 
 def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False,
-                 inherit: dict[int, str] | None = None) -> dict:
-    """Restore the image in from_dir; `inherit` hands our fds to the tree (criu --inherit-fd)."""
+                 inherit: dict[int, str] | None = None, checksums_verified: bool = False) -> dict:
+    """Restore the image in from_dir; `inherit` hands our fds to the tree (criu --inherit-fd).
+
+    checksums_verified: the caller has just verified the image's checksums (a job
+    restore checks every unit before it touches anything); not read twice."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     image_store.check_owner(Path(from_dir).absolute(), None)
     criu = criu_mod.find_criu()
     t = time.monotonic()
-    img = image_store.open_image(Path(from_dir))
+    img = image_store.open_image(Path(from_dir), verify_checksums=not checksums_verified)
     timings["verify_s"] = time.monotonic() - t
     m = img.manifest
     proc = m.get("process") or {}
