@@ -172,10 +172,11 @@ def _give_up(jobid: str, reason: str) -> RestoreFailed:
     return RestoreFailed(reason)
 
 
-def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, subprocess.Popen | None]:
-    """Steps 1 and 2: returns the job manifest, its generation and the
-    restored script tree's launcher (its exit status is the script's), or
-    None for a job that had no batch unit. Raises RestoreFailed."""
+def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
+    """Steps 1 and 2: returns the job manifest, its generation and the report
+    of the script tree's restore ("pid": the restored script, "_launcher": the
+    process whose exit status is the script's), or None for a job that had no
+    batch unit. Raises RestoreFailed."""
     job_dir = site.job_image_dir(jobid)
     open_log(job_dir)
     try:
@@ -189,17 +190,17 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, subprocess.Popen |
     for u in m["units"].values():  # a stale status from before the checkpoint must not count
         if u.get("srun_status"):
             Path(u["srun_status"]).unlink(missing_ok=True)
-    launcher = None
+    batch = None
     try:
         if "batch" in m["units"]:
-            launcher = restore_unit(gen, m["units"]["batch"], site, jobid)["_launcher"]
+            batch = restore_unit(gen, m["units"]["batch"], site, jobid)
         (job_dir / job_images.RESTORE).unlink(missing_ok=True)
     except GpucrError as e:
-        if launcher is not None:
-            launcher.kill()
+        if batch is not None:
+            batch["_launcher"].kill()
         raise _give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
     log(f"batch tree restored in {time.monotonic() - t0:.2f} s")
-    return m, gen, launcher
+    return m, gen, batch
 
 
 def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | None) -> int | None:

@@ -59,11 +59,10 @@ def script_argv(argv: list[str], env: dict) -> list[str]:
     return [env["GPUCR_BATCH_SCRIPT"], *argv[1:]]
 
 
-def split_env() -> dict:
+def split_env(bindir: str) -> dict:
     """The script's environment (the job's, shim included); this process keeps
     one without the shim and without the srun wrapper, for what it starts."""
     child_env = {k: v for k, v in os.environ.items() if k not in OWN_ENV}
-    bindir = load_site().bindir
     os.environ.pop("LD_PRELOAD", None)
     os.environ["PATH"] = ":".join(p for p in os.environ.get("PATH", "").split(":") if p != bindir)
     return child_env
@@ -117,8 +116,10 @@ def exit_like(status: int) -> int:
     return status
 
 
-def supervise(child: subprocess.Popen, jobid: str, ckpt_sig: signal.Signals | None,
-              lead: int, waited: set) -> int:
+def supervise(child: subprocess.Popen, script_pid: int, jobid: str,
+              ckpt_sig: signal.Signals | None, lead: int, waited: set) -> int:
+    """Wait for `child` (the script, or the init of its restored PID namespace),
+    answering signals; forwarded ones go to the script itself."""
     while True:
         info = signal.sigtimedwait(waited, 1.0)
         if child.poll() is not None:
@@ -129,7 +130,7 @@ def supervise(child: subprocess.Popen, jobid: str, ckpt_sig: signal.Signals | No
             checkpoint_and_requeue(jobid, lead)
         else:
             try:
-                child.send_signal(info.si_signo)
+                os.kill(script_pid, info.si_signo)
             except ProcessLookupError:
                 pass
 
@@ -140,20 +141,21 @@ def main() -> int:
     lead = int(os.environ.get("GPUCR_CHECKPOINT_LEAD") or 0)
     restoring = os.environ.get("GPUCR_RESTORE_BATCH") == "1"
     argv = script_argv(sys.argv, os.environ)
-    child_env = split_env()
+    site = load_site()
+    child_env = split_env(site.bindir)
     for k in OWN_ENV:
         if k != "GPUCR_BATCH_SCRIPT":  # the restorer still needs it
             os.environ.pop(k, None)
     waited = FORWARDED | {signal.SIGCHLD} | ({ckpt_sig} if ckpt_sig else set())
     # Blocked before any thread or child exists; the child gets them back.
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-    site = load_site()
     batch_restore.open_log(site.job_image_dir(jobid))
     if restoring:
         try:
-            m, gen, child = batch_restore.restore_batch_tree(jobid, site)
+            m, gen, batch = batch_restore.restore_batch_tree(jobid, site)
         except batch_restore.RestoreFailed:
             return 1
+        child = batch["_launcher"] if batch else None
         step_rc: list[int | None] = []
         ranks = threading.Thread(target=_restore_ranks, args=(jobid, m, gen, child, step_rc),
                                  daemon=True)
@@ -161,11 +163,13 @@ def main() -> int:
         if child is None:  # no batch tree: the job's status is the step's
             ranks.join()
             return (step_rc or [1])[0] or 0
+        script_pid = batch["pid"]
     else:
         child = subprocess.Popen(argv, env=child_env, close_fds=False,
                                  preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, waited))
-        batch_restore.register(site.job_run_dir(jobid), {"step": "batch", "rank": 0}, child.pid)
-    status = supervise(child, jobid, ckpt_sig, lead, waited)
+        script_pid = child.pid
+        batch_restore.register(site.job_run_dir(jobid), {"step": "batch", "rank": 0}, script_pid)
+    status = supervise(child, script_pid, jobid, ckpt_sig, lead, waited)
     batch_restore.log(f"batch script ended with status {status}")
     return exit_like(status)
 

@@ -290,3 +290,31 @@ def test_status_of_a_job(slurm_cluster, workdir):
     bad = gpucr(slurm_cluster, "status", "../etc", check=False)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
         "gpucr-hpc: error: '../etc' is not a job id; give the numeric Slurm job id"]
+
+
+def test_signal_to_the_batch_step_reaches_the_restored_script(slurm_cluster, workdir):
+    """After a restore, `scancel --batch --signal` is passed on to the restored script
+    itself (not to the init of its PID namespace), and its trap runs."""
+    steps = 200
+    log = workdir / "count.txt"
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+trap 'echo "got USR1"' USR1
+{sys.executable} {workdir}/counter.py {log} {steps}
+echo "after python"
+""")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+    gpucr(slurm_cluster, "preempt", jobid)
+    wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", what="the requeue")
+    slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+    wait_for(lambda: "restored" in (slurm_cluster.state / "images" / jobid / "restore.log").read_text(),
+             what="the restore")
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", jobid)
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED", (text, info)
+    assert text.count("got USR1") == 1 and text.count("after python") == 1, text
+    assert_counted_once(log, steps)
