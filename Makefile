@@ -1,7 +1,7 @@
 # Builds the C parts; each also builds on its own with `make -C shim` / `make -C spank`.
 PREFIX ?= /opt/gpucr-hpc
 
-.PHONY: all shim spank install clean
+.PHONY: all shim spank install install-helper clean
 all: shim spank
 
 shim:
@@ -11,9 +11,14 @@ spank:
 	$(MAKE) -C spank
 
 # The site layout the test cluster uses too: $(PREFIX)/lib/gpucr/{libgpucr-cuda.so,spank_gpucr.so}.
-install: all
+install: all install-helper
 	$(MAKE) -C shim install PREFIX=$(PREFIX)
 	$(MAKE) -C spank install PREFIX=$(PREFIX)
+
+# The root helper that lets ordinary users run CRIU on their own jobs (sudo rule, node key).
+PYTHON ?= $(CURDIR)/.venv/bin/python
+install-helper:
+	PREFIX=$(PREFIX) scripts/install-helper $(PYTHON)
 
 clean:
 	$(MAKE) -C shim clean

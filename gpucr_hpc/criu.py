@@ -83,25 +83,25 @@ class Criu:
 
     # -- running -----------------------------------------------------------
 
-    def _base_args(self) -> list[str]:
-        args = [self.path]
-        if os.geteuid() != 0:
-            # Needs CAP_CHECKPOINT_RESTORE (+ CAP_SYS_PTRACE) on the binary.
-            args.append("--unprivileged")
-        return args
-
     def dump(self, pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool,
-             shell_job: bool, extra: list[str] | None = None) -> list[dict]:
+             shell_job: bool, extra: list[str] | None = None,
+             run_as: list[str] | None = None) -> list[dict]:
         """Dump the process tree rooted at `pid` into `images_dir` (CRIU files only).
 
         Returns the regular files the tree holds open, with their sizes taken
         by a post-dump action script while the tree is still frozen, i.e. the
         sizes CRIU recorded and will insist on at restore.
+
+        An ordinary user's dump goes through the root helper (criu_helper);
+        `run_as` is its command prefix that runs CRIU as the tree's owner
+        with root's capabilities (criu_root.as_owner).
         """
-        args = self._base_args() + [
-            "dump", "-t", str(pid), "-D", str(images_dir), "-W", str(work_dir),
-            "-o", "dump.log", "-v4", "--file-locks", "--link-remap",
-        ]
+        if os.geteuid() != 0:
+            from gpucr_hpc import criu_helper
+            return criu_helper.dump(pid, images_dir, work_dir, leave_running=leave_running,
+                                    shell_job=shell_job)
+        args = (run_as or []) + [self.path] + (["--unprivileged"] if run_as else []) + ["dump", "-t", str(pid), "-D", str(images_dir), "-W", str(work_dir),
+                "-o", "dump.log", "-v4", "--file-locks", "--link-remap"]
         if leave_running:
             args.append("--leave-running")
         if shell_job:
@@ -129,7 +129,8 @@ class Criu:
                              f"see {work_dir / 'dump.log'}")
 
     def start_restore(self, images_dir: Path, work_dir: Path, *, shell_job: bool,
-                      new_pidns: bool, inherit: dict[int, str] | None = None) -> "Restored":
+                      new_pidns: bool, inherit: dict[int, str] | None = None,
+                      extra: list[str] | None = None) -> "Restored":
         """Restore a tree; returns once it runs (or raises with CRIU's own error).
 
         In the current PID namespace CRIU detaches (`-d`) and the tree is
@@ -140,18 +141,23 @@ class Criu:
         `inherit` maps our fds to CRIU keys (`pipe:[123]`, a file path): the
         restored tree gets our fd where it had that resource (`--inherit-fd`),
         e.g. the stdio pipes of a new Slurm step in place of the old ones.
+
+        An ordinary user's restore goes through the root helper (criu_helper).
         """
+        if os.geteuid() != 0:
+            from gpucr_hpc import criu_helper
+            return criu_helper.start_restore(images_dir, work_dir, shell_job=shell_job,
+                                             new_pidns=new_pidns, inherit=inherit)
         pidfile = work_dir / "restore.pid"
         log = work_dir / "restore.log"
-        args = self._base_args() + [
-            "restore", "-D", str(images_dir), "-W", str(work_dir), "-o", "restore.log",
-            "-v4", "--file-locks", "--link-remap", "--pidfile", str(pidfile),
-        ]
+        args = [self.path, "restore", "-D", str(images_dir), "-W", str(work_dir), "-o", "restore.log",
+                "-v4", "--file-locks", "--link-remap", "--pidfile", str(pidfile)]
         if shell_job:
             args.append("--shell-job")
         inherit = inherit or {}
         for fd, key in sorted(inherit.items()):
             args += ["--inherit-fd", f"fd[{fd}]:{key}"]
+        args += extra or []
         args.append("-d")
         if new_pidns:
             args = ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m",
@@ -363,6 +369,17 @@ def wait_gone(pids: list[int], timeout: float = 30.0) -> bool:
             return False
         time.sleep(0.01)
     return True
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def pid_in_use(pid: int) -> bool:

@@ -115,17 +115,6 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def _rss_bytes(pids: list[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/statm") as f:
-                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
-
-
 def _stage_root(need: int) -> Path | None:
     """A node-local tmpfs dir with room for `need` bytes, for the fast dump; else None."""
     cand = os.environ.get("GPUCR_STAGE_DIR") or "/dev/shm"
@@ -183,7 +172,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
             timings.update({f"gpu_{k}": v for k, v in gpu.timings.items()})
             timings["gpu_released_s"] = time.monotonic() - t
         # 3. CPU: CRIU dump, to node-local tmpfs when it fits.
-        root = _stage_root(int(_rss_bytes(tree) * 1.2) + (64 << 20))
+        root = _stage_root(int(criu_mod.rss_bytes(tree) * 1.2) + (64 << 20))
         stage = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir=root)) if root else None
         dump_dir = stage if stage else to_dir / image_store.CRIU_SUBDIR
         dump_dir.mkdir(exist_ok=True, mode=0o700)
@@ -348,10 +337,6 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
                          f"({' '.join(_cmdline(clash[0]))[:60] or 'unknown'})",
                          "restore with --pidns new, or end the process that holds it")
     new_ns = pidns == "new" or (pidns == "auto" and bool(clash))
-    if new_ns and os.geteuid() != 0:
-        raise GpucrError("a restore into a new PID namespace needs root "
-                         + (f"(PID {clash[0]} of the image is in use here)" if clash else ""),
-                         "restore as root, or free the PIDs and use --pidns host")
     kept = _rewind(rewinds) if rewinds else []
     work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
     t = time.monotonic()
