@@ -6,6 +6,7 @@ The logic is in job_cr.py; this is the click surface and the output.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -82,8 +83,13 @@ def job_rows(jobid: str | None = None) -> list[dict]:
     root = Path(site.imageroot)
     if jobid:
         dirs = [root / jobid]
+        if dirs[0].is_dir() and not _readable(dirs[0]):
+            raise GpucrError(f"the checkpoints of job {jobid} belong to uid {dirs[0].stat().st_uid}, "
+                             f"you are uid {os.geteuid()}", "only the job's owner or root can read them")
     elif root.is_dir():
-        dirs = sorted((p for p in root.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+        # Other users' jobs are theirs alone (mode 0700): listed only for root.
+        dirs = sorted((p for p in root.iterdir() if p.name.isdigit() and _readable(p)),
+                      key=lambda p: int(p.name))
     else:
         dirs = []
     rows = []
@@ -101,6 +107,10 @@ def job_rows(jobid: str | None = None) -> list[dict]:
                     row.update(error=e.one_line())
             rows.append(row)
     return rows
+
+
+def _readable(job_dir: Path) -> bool:
+    return os.access(job_dir, os.R_OK | os.X_OK)
 
 
 def generation_state(r: dict) -> str:
@@ -169,15 +179,21 @@ def job_status(jobid: str) -> dict:
     if not jobid.isdigit():
         raise GpucrError(f"'{jobid}' is not a job id", "give the numeric Slurm job id")
     site = load_site()
-    out = {"job": jobid, "generations": job_rows(jobid)}
     try:
-        job = slurm.show_job(jobid)
+        job, unknown = slurm.show_job(jobid), None
+    except GpucrError as e:
+        job, unknown = None, e
+    if job is not None and os.geteuid() not in (0, job.uid):
+        raise GpucrError(f"job {jobid} belongs to {job.user} (uid {job.uid}), you are uid {os.geteuid()}",
+                         "only the job's owner or root can see its checkpoints")
+    out = {"job": jobid, "generations": job_rows(jobid)}
+    if job is not None:
         out.update(state=job.state, user=job.user, nodes=job.nodes, partition=job.partition,
                    restarts=job.restart_count, reason=job.raw.get("Reason", ""))
-    except GpucrError as e:
-        if not out["generations"]:
-            raise
-        out.update(state="UNKNOWN to Slurm", note=e.cause)
+    elif not out["generations"]:
+        raise unknown
+    else:
+        out.update(state="UNKNOWN to Slurm", note=unknown.cause)
     latest = next((g for g in out["generations"] if g.get("latest")), None)
     out["latest"] = latest["generation"] if latest else None
     log = site.job_image_dir(jobid) / "restore.log"

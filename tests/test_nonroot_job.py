@@ -1,0 +1,116 @@
+"""Jobs of ordinary users, as on every real cluster: the whole checkpoint -> requeue
+-> restore flow runs as the job's user (CRIU through the root helper), and another
+user can neither checkpoint, restore, signal nor read that job or its images.
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from job_helpers import COUNTER, assert_counted_once, numbers, wait_for
+from user_helpers import as_user, gpucr_as, owned_dir, users  # noqa: F401
+
+pytestmark = [pytest.mark.slurm, pytest.mark.criu]
+
+
+@pytest.fixture
+def jobdir(users):
+    """The job owner's own directory (pytest's tmp_path is root's alone)."""
+    base = Path(tempfile.mkdtemp(prefix="gpucr-userjob-"))
+    base.chmod(0o755)
+    d = owned_dir(base / "job", users[0])
+    (d / "counter.py").write_text(COUNTER)
+    yield d
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def submit_as(cluster, user, script: Path, *args) -> str:
+    r = as_user(user, "sbatch", "--parsable", *args, str(script), env=cluster.env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(";")[0]
+
+
+def counting_job(d: Path, steps: int) -> tuple[Path, Path]:
+    log = d / "count.txt"
+    script = d / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}} uid=$(id -u)"
+{sys.executable} {d}/counter.py {log} {steps}
+echo "after python"
+""")
+    return script, log
+
+
+def test_ordinary_users_job_is_checkpointed_requeued_and_restored(slurm_cluster, users, jobdir):
+    a, b = users
+    steps = 140
+    script, log = counting_job(jobdir, steps)
+    out = jobdir / "job.out"
+    env = slurm_cluster.env
+    jobid = submit_as(slurm_cluster, a, script, "--gpucr=on", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+
+    # Another user: no checkpoint, no restore, no signal, no look at its images.
+    for args in (("checkpoint", jobid), ("preempt", jobid), ("suspend", jobid), ("restore", jobid),
+                 ("status", jobid)):
+        r = gpucr_as(b, *args, env=env)
+        assert r.returncode != 0, (args, r.stdout)
+        assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+    sig = as_user(b, "scancel", "--signal=USR1", jobid, env=env)
+    assert sig.returncode != 0
+    assert slurm_cluster.job(jobid)["JobState"] == "RUNNING"
+
+    ck = gpucr_as(a, "checkpoint", jobid, env=env)
+    assert ck.returncode == 0, ck.stderr
+    images = Path(slurm_cluster.state) / "images" / jobid
+    assert images.stat().st_uid == a.pw_uid and images.stat().st_mode & 0o077 == 0
+    assert as_user(b, "ls", str(images), env=env).returncode != 0
+    for args in (("status", jobid), ("ls", jobid)):
+        r = gpucr_as(b, *args, env=env)
+        assert r.returncode != 0 and "only the job's owner or root" in r.stderr, (args, r.stderr)
+    assert jobid not in gpucr_as(b, "ls", "--json", env=env).stdout
+
+    pre = gpucr_as(a, "preempt", jobid, env=env)
+    assert pre.returncode == 0, pre.stderr
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    assert info["JobState"] == "COMPLETED", (out.read_text(), info)
+    assert info["Restarts"] == "1"
+    assert_counted_once(log, steps)
+    text = out.read_text()
+    assert text.count("start restart=0") == 1 and "start restart=1" not in text, text
+    assert f"uid={a.pw_uid}" in text and text.count("after python") == 1, text
+    ls = gpucr_as(a, "ls", jobid, "--json", env=env)
+    assert ls.returncode == 0 and '"gen-2"' in ls.stdout
+    for p in images.rglob("*"):
+        assert p.lstat().st_uid == a.pw_uid, p
+
+
+def test_ordinary_users_job_is_preempted_automatically(slurm_cluster, users, jobdir):
+    """Preempted by a higher-priority job of root's: checkpointed within the grace
+    time by the job's own supervisor (running as the user), requeued, restored."""
+    a = users[0]
+    steps = 160
+    script, log = counting_job(jobdir, steps)
+    out = jobdir / "job.out"
+    jobid = submit_as(slurm_cluster, a, script, "--gpucr=on", "-o", str(out))
+    info = slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+
+    urgent = jobdir.parent / "urgent.sh"
+    urgent.write_text("#!/bin/bash\nsleep 3\n")
+    slurm_cluster.sbatch(urgent, "-p", "urgent", "-w", info["NodeList"], "--exclusive", "-o", "/dev/null")
+    wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", timeout=60,
+             what="the preempted job to be requeued")
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED", (text, info)
+    assert f"gpucr: checkpointing job {jobid} before preemption" in text, text
+    assert_counted_once(log, steps)
+    ls = json.loads(gpucr_as(a, "ls", jobid, "--json", env=slurm_cluster.env).stdout)
+    assert ls, "no generation was written"
