@@ -124,8 +124,16 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     """Restore one unit in a new PID namespace and record it in this node's registry."""
     # The shim's control socket is bound under the run dir of the node it ran on.
     old_run_dir = site.job_run_dir(jobid, unit["node"])
-    old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
+    try:
+        old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
+    except OSError as e:
+        # Only where node paths differ by node name (several slurmd on one machine, %n):
+        # an ordinary user cannot create another node's run or spool dir.
+        raise GpucrError(f"cannot recreate {e.filename} of node {unit['node']}: {e.strerror}",
+                         f"give every node the same run dir and spool paths (no %n), or restore "
+                         f"it on {unit['node']}: scontrol update jobid={jobid} nodelist={unit['node']}, "
+                         f"then gpucr-hpc restore {jobid}") from e
     try:
         # check_generation verified every unit before the job's restore began.
         rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
