@@ -292,8 +292,12 @@ def _rewind(files: list[dict]) -> list[str]:
     for rec in files:
         p = Path(rec["path"])
         backup = p.with_name(f"{p.name}.gpucr-{stamp}")
-        shutil.copy2(p, backup)
-        os.truncate(p, rec["size"])
+        try:
+            shutil.copy2(p, backup)
+            os.truncate(p, rec["size"])
+        except OSError as e:
+            raise GpucrError(f"cannot rewind {p} to its checkpoint size: {e.strerror}",
+                             "rewind it as its owner, or put back the file as it was") from e
         kept.append(str(backup))
     return kept
 
