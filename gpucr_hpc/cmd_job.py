@@ -183,9 +183,8 @@ def job_status(jobid: str) -> dict:
         job, unknown = slurm.show_job(jobid), None
     except GpucrError as e:
         job, unknown = None, e
-    if job is not None and os.geteuid() not in (0, job.uid):
-        raise GpucrError(f"job {jobid} belongs to {job.user} (uid {job.uid}), you are uid {os.geteuid()}",
-                         "only the job's owner or root can see its checkpoints")
+    if job is not None:
+        slurm.check_access(job, "only the job's owner or root can see its checkpoints")
     out = {"job": jobid, "generations": job_rows(jobid)}
     if job is not None:
         out.update(state=job.state, user=job.user, nodes=job.nodes, partition=job.partition,

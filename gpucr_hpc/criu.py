@@ -413,14 +413,18 @@ def open_files(pids: list[int]) -> list[dict]:
             writable = False
             if sub == "fd":
                 try:
-                    with open(f"/proc/{pid}/fdinfo/{n}") as f:
-                        flags = int(re.search(r"flags:\s*(\d+)", f.read()).group(1), 8)
-                    writable = (flags & os.O_ACCMODE) != os.O_RDONLY
+                    writable = (fd_flags(pid, n) & os.O_ACCMODE) != os.O_RDONLY
                 except (OSError, AttributeError):
                     pass
             rec = seen.setdefault(target, {"path": target, "size": st.st_size, "writable": False})
             rec["writable"] = rec["writable"] or writable
     return sorted(seen.values(), key=lambda r: r["path"])
+
+
+def fd_flags(pid: int, fd: int | str) -> int:
+    """The open flags of one fd of pid (O_ACCMODE and the rest), from /proc fdinfo."""
+    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+        return int(re.search(r"flags:\s*(\d+)", f.read()).group(1), 8)
 
 
 def fd_targets(pid: int) -> list[str]:

@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from gpucr_hpc.criu import Restored, criu_env, process_tree
 from gpucr_hpc.errors import GpucrError
 
 DEFAULT_HELPER = "/opt/gpucr-hpc/libexec/gpucr-criu-root"
@@ -61,7 +62,7 @@ def _raise_if_error(res: dict | None, stderr: str) -> dict:
 def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool, shell_job: bool) -> list[dict]:
     flags = ["--pid", str(pid)] + ["--leave-running"] * leave_running + ["--shell-job"] * shell_job
     r = subprocess.run(_argv("dump", images_dir, work_dir, flags), stdin=subprocess.DEVNULL,
-                       capture_output=True, text=True, env=_env())
+                       capture_output=True, text=True, env=criu_env())
     return _raise_if_error(_result(work_dir), r.stderr)["open_files"]
 
 
@@ -75,7 +76,6 @@ class HelperLauncher(subprocess.Popen):
 
     def send_signal(self, sig: int) -> None:
         if sig == signal.SIGKILL and self.root_pid and self.poll() is None:
-            from gpucr_hpc.criu import process_tree
             for p in reversed(process_tree(self.root_pid)):
                 try:
                     os.kill(p, sig)
@@ -86,16 +86,14 @@ class HelperLauncher(subprocess.Popen):
 
 
 def start_restore(images_dir: Path, work_dir: Path, *, shell_job: bool, new_pidns: bool,
-                  inherit: dict[int, str] | None = None):
-    from gpucr_hpc.criu import Restored
-
+                  inherit: dict[int, str] | None = None) -> Restored:
     inherit = inherit or {}
     flags = (["--shell-job"] * shell_job + ["--new-pidns"] * new_pidns
              + [f"--inherit-fd={fd}:{key}" for fd, key in sorted(inherit.items())])
     std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1)]
     proc = HelperLauncher(_argv("restore", images_dir, work_dir, flags), stdin=std[0], stdout=std[1],
                           stderr=None if 2 in inherit else subprocess.PIPE, start_new_session=True,
-                          env=_env())
+                          env=criu_env())
     while (res := _result(work_dir)) is None and proc.poll() is None:
         time.sleep(0.01)
     if res is None:
@@ -106,8 +104,3 @@ def start_restore(images_dir: Path, work_dir: Path, *, shell_job: bool, new_pidn
         proc.wait()
     proc.root_pid = res["host_pid"]
     return Restored(host_pid=res["host_pid"], ns_pid=res["ns_pid"], new_pidns=new_pidns, launcher=proc)
-
-
-def _env() -> dict:
-    """sudo resets the environment anyway; the shim must not ride along to sudo."""
-    return {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}

@@ -159,9 +159,8 @@ def _path_backed(pid: int):
         try:
             target = os.readlink(link)
             st = os.stat(link)
-            with open(f"{base}/fdinfo/{name}") as f:
-                flags = int(f.read().split("flags:")[1].split()[0], 8)
-        except (OSError, IndexError, ValueError):
+            flags = criu_mod.fd_flags(pid, name)
+        except (OSError, AttributeError, ValueError):
             continue
         if target.startswith("/") and not target.endswith(" (deleted)"):
             acc = flags & os.O_ACCMODE
@@ -203,26 +202,20 @@ def open_callers_dir(path: str, who: Caller) -> int:
 def hand_over(src: Path, dst_fd: int, who: Caller) -> None:
     """Move the files of our private dir src into the caller's dir: renamed when on
     the same file system, else copied into new files; never through a link."""
-    for entry in sorted(os.scandir(src), key=lambda e: e.name):
-        if not entry.is_file(follow_symlinks=False):
-            continue
-        try:
-            os.rename(entry.name, entry.name, src_dir_fd=_dir_fd(src), dst_dir_fd=dst_fd)
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
-            _copy_in(entry.path, entry.name, dst_fd)
-        os.chown(entry.name, who.uid, who.gid, dir_fd=dst_fd, follow_symlinks=False)
-
-
-_dir_fds: dict[str, int] = {}
-
-
-def _dir_fd(path: Path) -> int:
-    key = str(path)
-    if key not in _dir_fds:
-        _dir_fds[key] = os.open(key, os.O_RDONLY | os.O_DIRECTORY)
-    return _dir_fds[key]
+    src_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for entry in sorted(os.scandir(src), key=lambda e: e.name):
+            if not entry.is_file(follow_symlinks=False):
+                continue
+            try:
+                os.rename(entry.name, entry.name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+                _copy_in(entry.path, entry.name, dst_fd)
+            os.chown(entry.name, who.uid, who.gid, dir_fd=dst_fd, follow_symlinks=False)
+    finally:
+        os.close(src_fd)
 
 
 def _copy_in(src: str, name: str, dst_fd: int) -> None:
@@ -246,9 +239,6 @@ def private_dir(kind: str, need: int = 0):
     try:
         yield d
     finally:
-        fd = _dir_fds.pop(str(d), None)
-        if fd is not None:
-            os.close(fd)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -346,9 +336,9 @@ def as_owner(who: Caller) -> list[str] | None:
 
 
 def dump(args, who: Caller, work_fd: int) -> dict:
-    check_tree(args.pid, who)
+    tree = check_tree(args.pid, who)
     images_fd = open_callers_dir(args.images, who)
-    need = criu_mod.rss_bytes(criu_mod.process_tree(args.pid))
+    need = criu_mod.rss_bytes(tree)
     with private_dir("dump", need) as images, private_dir("work") as work:
         try:
             files = criu_mod.find_criu().dump(

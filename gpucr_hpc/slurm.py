@@ -86,12 +86,11 @@ def show_job(jobid: str) -> Job:
         requeue=d.get("Requeue", "1") == "1", raw=d)
 
 
-def check_access(job: Job) -> None:
-    """Only root and the job's owner may act on a job."""
+def check_access(job: Job, fix: str = "only the job's owner or root can checkpoint, restore or signal it") -> None:
+    """Only root and the job's owner may act on a job, or see its checkpoints."""
     me = os.geteuid()
     if me not in (0, job.uid):
-        raise GpucrError(f"job {job.id} belongs to {job.user} (uid {job.uid}), you are uid {me}",
-                         "only the job's owner or root can checkpoint, restore or signal it")
+        raise GpucrError(f"job {job.id} belongs to {job.user} (uid {job.uid}), you are uid {me}", fix)
 
 
 def requeue(jobid: str) -> None:

@@ -4,29 +4,23 @@ user can neither checkpoint, restore, signal nor read that job or its images.
 """
 
 import json
-import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from job_helpers import COUNTER, assert_counted_once, numbers, wait_for
-from user_helpers import as_user, gpucr_as, owned_dir, users  # noqa: F401
+from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 
 
 @pytest.fixture
-def jobdir(users):
-    """The job owner's own directory (pytest's tmp_path is root's alone)."""
-    base = Path(tempfile.mkdtemp(prefix="gpucr-userjob-"))
-    base.chmod(0o755)
-    d = owned_dir(base / "job", users[0])
+def jobdir(users, users_tmp):
+    """The job owner's own directory."""
+    d = owned_dir(users_tmp / "job", users[0])
     (d / "counter.py").write_text(COUNTER)
-    yield d
-    shutil.rmtree(base, ignore_errors=True)
+    return d
 
 
 def submit_as(cluster, user, script: Path, *args) -> str:

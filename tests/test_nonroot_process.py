@@ -7,18 +7,16 @@ directly, as a user who wants more than their own would.
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from gpucr_hpc import criu_helper, image_store
 from job_helpers import numbers, wait_for
-from user_helpers import as_user, gpucr_as, owned_dir, users  # noqa: F401
+from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
 
 pytestmark = [pytest.mark.criu]
 
@@ -46,12 +44,9 @@ for _ in sys.stdin:
 
 
 @pytest.fixture
-def home(users):
-    """A directory of each user's own (pytest's tmp_path is root's alone)."""
-    base = Path(tempfile.mkdtemp(prefix="gpucr-users-"))
-    base.chmod(0o755)
-    yield {u.pw_name: owned_dir(base / u.pw_name, u) for u in users}
-    shutil.rmtree(base, ignore_errors=True)
+def home(users, users_tmp):
+    """A directory of each user's own."""
+    return {u.pw_name: owned_dir(users_tmp / u.pw_name, u) for u in users}
 
 
 @pytest.fixture

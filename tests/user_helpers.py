@@ -2,8 +2,10 @@
 
 import os
 import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,3 +44,12 @@ def owned_dir(path: Path, user) -> Path:
     os.chown(path, user.pw_uid, user.pw_gid)
     path.chmod(0o755)
     return path
+
+
+@pytest.fixture
+def users_tmp(users):
+    """A directory every user can enter (pytest's tmp_path is root's alone), removed after."""
+    base = Path(tempfile.mkdtemp(prefix="gpucr-users-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
