@@ -42,7 +42,7 @@ echo "after python"
 
 def test_ordinary_users_job_is_checkpointed_requeued_and_restored(slurm_cluster, users, jobdir):
     a, b = users
-    steps = 140
+    steps = 400  # 20 s: the refusals and a first checkpoint come before the preempt
     script, log = counting_job(jobdir, steps)
     out = jobdir / "job.out"
     env = slurm_cluster.env
@@ -89,7 +89,7 @@ def test_ordinary_users_job_is_preempted_automatically(slurm_cluster, users, job
     """Preempted by a higher-priority job of root's: checkpointed within the grace
     time by the job's own supervisor (running as the user), requeued, restored."""
     a = users[0]
-    steps = 160
+    steps = 300
     script, log = counting_job(jobdir, steps)
     out = jobdir / "job.out"
     jobid = submit_as(slurm_cluster, a, script, "--gpucr=on", "-o", str(out))
