@@ -56,7 +56,7 @@ CHUNK = 8 << 20
 CAP_SYS_RESOURCE = 24
 
 _ACTION_SCRIPT = """#!/bin/sh
-exec {python} -I -m gpucr_hpc.criu_root check {uid} {gids} {out} {skip}
+exec {python} -I -m gpucr_hpc.criu_root check --keep={keep} {uid} {gids} {out} {skip}
 """
 
 
@@ -149,6 +149,30 @@ def check_files_reachable(pids: list[int], who: Caller, skip: tuple[str, ...] = 
         what = bad.decode(errors="replace") or "(the check could not run)"
         raise GpucrError(f"the restored tree would hold {what}, which you cannot open there",
                          "put back the file the process had open (not a link to another file)")
+
+
+def give_pipes(pids: list[int], who: Caller, keep: frozenset[tuple[int, int]] = frozenset()) -> None:
+    """The pipes CRIU made for the restored tree are the caller's, as they were.
+
+    CRIU creates them as root, and a pipe's inode keeps its creator's uid and mode
+    0600: the caller could no longer reopen /proc/PID/fd/N of their own process,
+    which is how the CUDA driver's checkpoint calls reach it. Pipes handed in with
+    --inherit-fd (keep) are not CRIU's and stay whose they are."""
+    for pid in pids:
+        base = f"/proc/{pid}/fd"
+        for name in os.listdir(base):
+            link = f"{base}/{name}"
+            try:
+                if not os.readlink(link).startswith("pipe:["):
+                    continue
+                st = os.stat(link)
+                if st.st_uid == 0 and (st.st_dev, st.st_ino) not in keep:
+                    os.chown(link, who.uid, who.gid)
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise GpucrError(f"cannot give the restored pipe {link} to uid {who.uid}: {e.strerror}",
+                                 "report this with the restore log")
 
 
 def _path_backed(pid: int):
@@ -308,12 +332,13 @@ def _read_at(dir_fd: int, name: str) -> str:
 
 # -- the two operations -----------------------------------------------------------
 
-def _checker(work: Path, who: Caller, images: Path) -> list[str]:
+def _checker(work: Path, who: Caller, images: Path, keep: list[tuple[int, int]] = ()) -> list[str]:
     """The CRIU action script that runs our checks (post-dump, post-restore).
-    CRIU's own files (log, images) in our private dirs are not the tree's."""
+    CRIU's own files (log, images) in our private dirs are not the tree's;
+    keep: (dev, ino) of the files handed in with --inherit-fd."""
     script = work / "check.sh"
     script.write_text(_ACTION_SCRIPT.format(
-        python=shlex.quote(sys.executable), uid=who.uid,
+        python=shlex.quote(sys.executable), uid=who.uid, keep=",".join(f"{d}:{i}" for d, i in keep) or "-",
         gids=",".join(str(g) for g in sorted(who.gids)) + f":{who.gid}",
         out=shlex.quote(str(work / "check.json")), skip=" ".join(shlex.quote(str(d)) for d in (work, images))))
     script.chmod(0o700)
@@ -360,13 +385,20 @@ def restore(args, who: Caller, work_fd: int) -> tuple[dict, object]:
     for spec in args.inherit_fd:
         fd, _, key = spec.partition(":")
         inherit[int(fd)] = key
+    keep = []
+    for fd in inherit:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue  # CRIU says what is missing
+        keep.append((st.st_dev, st.st_ino))
     size = sum(os.stat(n, dir_fd=images_fd, follow_symlinks=False).st_size for n in os.listdir(images_fd))
     with private_dir("restore", size) as images, private_dir("work") as work:
         copy_verified(images_fd, images, who)
         try:
             restored = criu_mod.find_criu().start_restore(
                 images, work, shell_job=args.shell_job, new_pidns=args.new_pidns, inherit=inherit,
-                extra=_checker(work, who, images))
+                extra=_checker(work, who, images, keep))
         except GpucrError as e:
             _why_check_failed(work / "check.json", e, args.work)
             raise
@@ -398,7 +430,7 @@ def _logs_back(work: Path, work_fd: int, who: Caller) -> None:
             os.chown(name, who.uid, who.gid, dir_fd=work_fd, follow_symlinks=False)
 
 
-def action_check(uid: int, gids: str, out: str, skip: list[str]) -> int:
+def action_check(uid: int, gids: str, out: str, skip: list[str], keep: str = "-") -> int:
     """Run by CRIU as its action script: post-dump (tree frozen) and post-restore
     (tree restored, not yet resumed). Non-zero makes CRIU fail and resume or kill it."""
     action = os.environ.get("CRTOOLS_SCRIPT_ACTION", "")
@@ -411,7 +443,10 @@ def action_check(uid: int, gids: str, out: str, skip: list[str]) -> int:
         if action == "post-dump":
             check_tree(root, who)
         else:
-            check_files_reachable(criu_mod.process_tree(root), who, tuple(skip))
+            tree = criu_mod.process_tree(root)
+            check_files_reachable(tree, who, tuple(skip))
+            give_pipes(tree, who, frozenset(tuple(int(x) for x in k.split(":")) for k in keep.split(",")
+                                            if k != "-"))
     except GpucrError as e:
         Path(out).write_text(json.dumps({"error": e.cause, "fix": e.fix}))
         return 1
@@ -432,13 +467,14 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--shell-job", action="store_true")
     d.add_argument("--leave-running", action="store_true")
     c = sub.add_parser("check")
+    c.add_argument("--keep", default="-")
     c.add_argument("uid", type=int)
     c.add_argument("gids")
     c.add_argument("out")
     c.add_argument("skip", nargs="*")
     args = p.parse_args(argv)
     if args.op == "check":
-        return action_check(args.uid, args.gids, args.out, args.skip)
+        return action_check(args.uid, args.gids, args.out, args.skip, args.keep)
     try:
         who = Caller.from_sudo()
         work_fd = open_callers_dir(args.work, who)

@@ -59,10 +59,14 @@ class NvidiaDriver:
         raise GpucrError(f"{what}{who} failed: {name} ({int(err)})",
                          "see the driver's limits in the docs (managed memory, IPC, MPS are not supported)")
 
-    def state(self, pid: int) -> str | None:
-        """running/locked/checkpointed/failed, or None when PID uses no CUDA."""
+    def state(self, pid: int, cuda: bool = False) -> str | None:
+        """running/locked/checkpointed/failed, or None when PID uses no CUDA.
+        cuda: PID is known to use CUDA, so a failing query is an error (a process
+        the driver cannot reach would block in its first CUDA call)."""
         result = self.cu.cuCheckpointProcessGetState(pid)
         if int(result[0]) != 0:
+            if cuda:
+                self._check(result, "asking the driver for the checkpoint state", pid)
             return None
         return STATES.get(int(result[1]), str(int(result[1])))
 

@@ -184,7 +184,7 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int]) -> dict:
         if host is None:
             raise GpucrError(f"process {r['pid']} of the image was not restored", "see the CRIU restore log")
         t = process_cr.Target(host, shim=r["shim"], cuda=r["cuda"], shim_state="checkpointed" if r["shim"] else "")
-        t.driver_state = driver.state(host) if driver and r["cuda"] else None
+        t.driver_state = driver.state(host, cuda=True) if driver and r["cuda"] else None
         targets.append((r, t))
     if driver:
         process_cr.driver_restore(driver, [t for _, t in targets])

@@ -123,6 +123,43 @@ def test_user_checkpoints_and_restores_own_process(users, home, started):
     assert numbers(log) == list(range(steps))
 
 
+# Holds both ends of a pipe, as the CUDA driver's checkpoint channel does; writes its PID.
+PIPER = r"""
+import json, os, sys, time
+r, w = os.pipe()
+open(sys.argv[1] + ".tmp", "w").write(json.dumps({"pid": os.getpid(), "fds": [r, w]}))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(300)
+"""
+
+REOPEN = "import sys; [open(p, m).close() for p, m in zip(sys.argv[1::2], sys.argv[2::2])]"
+
+
+def test_restored_pipes_are_the_users_own(users, home, started):
+    """CRIU, as root, recreates the tree's pipes: they must still be the user's,
+    whom the kernel lets reopen them through /proc/PID/fd (the driver does)."""
+    a = users[0]
+    d = home[a.pw_name]
+    (d / "piper.py").write_text(PIPER)
+    info = d / "piper.json"
+    subprocess.Popen(["runuser", "-u", a.pw_name, "--", "setsid", sys.executable, str(d / "piper.py"), str(info)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(info.exists, what="the pipe holder to start")
+    rec = json.loads(info.read_text())
+    (d / "piper.pid").write_text(str(rec["pid"]))
+    started.append(d / "piper.pid")
+    assert gpucr_as(a, "checkpoint", "--pid", str(rec["pid"]), "--to", str(d / "img")).returncode == 0
+
+    rs = gpucr_as(a, "restore", "--from", str(d / "img"), "--json")
+    assert rs.returncode == 0, rs.stderr
+    pid = json.loads(rs.stdout)["pid"]
+    (d / "piper.pid").write_text(str(pid))
+    r, w = (f"/proc/{pid}/fd/{fd}" for fd in rec["fds"])
+    assert {os.stat(r).st_uid, os.stat(w).st_uid} == {a.pw_uid}
+    reopen = as_user(a, sys.executable, "-c", REOPEN, r, "rb", w, "wb")
+    assert reopen.returncode == 0, reopen.stderr
+
+
 def test_helper_dumps_only_the_callers_processes(users, home, started):
     a, b = users
     pid, log = start_counter(a, home[a.pw_name], 400, started)
