@@ -3,7 +3,8 @@
     srun --jobid=J --overlap --ntasks-per-node=1 --mpi=pmix \
         python -m gpucr_hpc.agent checkpoint --job J --gen-dir DIR
 
-The agents form an MPI world and run the two-phase checkpoint:
+The agents form an MPI world (a one-node job's single agent needs none) and
+run the two-phase checkpoint:
 
 1. prepare: each agent checkpoints every unit on its node in parallel into the
    (uncommitted) generation, leaving the processes running;
@@ -133,10 +134,32 @@ def job_manifest(job: dict, gen_dir: Path, reports: list[dict]) -> dict:
     return m
 
 
-def run_checkpoint(args) -> int:
+class _Alone:
+    """The world of a one-node job's only agent: its vote is its own."""
+    rank, size = 0, 1
+
+    def allreduce(self, value, op=None):
+        return value
+
+    def gather(self, value, root=0):
+        return [value]
+
+    def bcast(self, value, root=0):
+        return value
+
+
+def world():
+    """(communicator, MIN) of the agents. A one-node job needs no MPI, nor an MPI
+    library on its node (launch_agents starts its agent with --mpi=none)."""
+    if os.environ.get("SLURM_STEP_NUM_TASKS") == "1":
+        return _Alone(), None
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
+    return MPI.COMM_WORLD, MPI.MIN
+
+
+def run_checkpoint(args) -> int:
+    comm, MIN = world()
     job = json.loads(args.job_json)
     gen_dir = Path(args.gen_dir)
     try:
@@ -145,7 +168,7 @@ def run_checkpoint(args) -> int:
         rep = {"node": node_name(), "ok": False, "units": [], "errors": [e.one_line()],
                "prepare_s": 0.0}
     print(json.dumps({"node_report": rep}), flush=True)
-    yes = comm.allreduce(1 if rep["ok"] else 0, op=MPI.MIN)
+    yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
     reports = comm.gather(rep, root=0)
     committed = False
     if comm.rank == 0:
@@ -197,12 +220,10 @@ def _in_place(job: dict, action: str) -> dict:
 
 
 def run_yield(args) -> int:
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    comm, MIN = world()
     job = json.loads(args.job_json)
     rep = _in_place(job, "checkpoint")
-    yes = comm.allreduce(1 if rep["ok"] else 0, op=MPI.MIN)
+    yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
     if not yes and rep["units"]:
         rep["undone"] = _in_place(job, "restore")["ok"]  # the suspend is off: give the GPU back
     print(json.dumps({"node_report": rep}), flush=True)
@@ -213,13 +234,11 @@ def run_yield(args) -> int:
 
 
 def run_reclaim(args) -> int:
-    from mpi4py import MPI
-
-    comm = MPI.COMM_WORLD
+    comm, MIN = world()
     rep = _in_place(json.loads(args.job_json), "restore")
     print(json.dumps({"node_report": rep}), flush=True)
     reports = comm.gather(rep, root=0)
-    ok = comm.allreduce(1 if rep["ok"] else 0, op=MPI.MIN)
+    ok = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
     if comm.rank == 0:
         print(json.dumps({"result": _in_place_result(reports, bool(ok))}), flush=True)
     return 0

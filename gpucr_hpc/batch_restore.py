@@ -19,6 +19,7 @@ reason, and the image is left as it was (never deleted, never modified).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -207,7 +208,9 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
         if batch is not None:
             batch["_launcher"].kill()
         raise _give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
-    log(f"batch tree restored in {time.monotonic() - t0:.2f} s")
+    steps = (batch or {}).get("timings") or {}  # CRIU and GPU parts: the figures of a restore
+    log(f"batch tree restored in {time.monotonic() - t0:.2f} s "
+        + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s")}))
     return m, gen, batch
 
 

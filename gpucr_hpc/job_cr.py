@@ -34,7 +34,8 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
     Returns rank 0's result (None when the agents broke), the node reports, and
     the last line the agents wrote to stderr (why they broke)."""
     argv = ["srun", f"--jobid={job.id}", "--overlap", f"--nodes={len(job.nodes)}",
-            f"--ntasks={len(job.nodes)}", "--ntasks-per-node=1", "--mpi=pmix",
+            f"--ntasks={len(job.nodes)}", "--ntasks-per-node=1",
+            "--mpi=pmix" if len(job.nodes) > 1 else "--mpi=none",
             # An agent that dies would leave the others waiting in the vote forever.
             "--gpucr=off", "--kill-on-bad-exit=1", "--job-name=gpucr-agent",
             sys.executable, "-m", "gpucr_hpc.agent", *agent_args, "--job-json", _job_json(job)]

@@ -1,0 +1,235 @@
+"""A single-node GPU job under real Slurm: checkpoint -> requeue -> restore (issue 7, item 9).
+
+On a GPU machine (marked gpu; the test cluster gives its nodes the real GPUs as
+GRES): a `sbatch --gpucr=on --gres=gpu:1` job trains a deterministic PyTorch
+model (tests/shim_workloads/train_torch.py: one line per step with its loss,
+then a checksum of the parameters). It is preempted mid-run, requeued and
+restored, and its output must equal an uninterrupted run's bit for bit: no step
+repeated or skipped, same losses, same checksum. While the job waits, the GPU
+is back to its idle memory. Once with `gpucr-hpc preempt JOBID`, once preempted
+by an urgent job (no gpucr-hpc command at all). Figures go to
+$GPUCR_RESULTS_DIR/job-gpu-slurm.json (scripts/device-gpu-slurm).
+"""
+
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from job_helpers import gpucr, wait_for, workdir  # noqa: F401
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slurm, pytest.mark.criu]
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "tests" / "shim_workloads" / "train_torch.py"
+STEPS, BALLAST_GIB, PACE, AT = 240, 2.0, 0.08, 40
+ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}  # deterministic cuBLAS, as the reference
+RESULTS = Path(os.environ.get("GPUCR_RESULTS_DIR") or "/tmp") / "job-gpu-slurm.json"
+
+if os.geteuid() != 0:
+    pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
+
+
+def smi(*query) -> list[str]:
+    r = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(query)}", "--format=csv,noheader,nounits",
+                        "-i", "0"], capture_output=True, text=True, timeout=60)
+    return [x.strip() for x in r.stdout.strip().split(",")]
+
+
+class VramSampler:
+    """GPU 0's memory in use, every 100 ms (nvidia-smi's own loop), with the time."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, int]] = []
+        self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                                      "-i", "0", "-lms", "100"], stdout=subprocess.PIPE, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.strip().isdigit():
+                self.samples.append((time.monotonic(), int(line)))
+
+    def between(self, t0, t1) -> list[int]:
+        return [v for t, v in self.samples if t0 <= t <= t1]
+
+    def last_before(self, t) -> int | None:
+        got = [v for ts, v in self.samples if ts <= t]
+        return got[-1] if got else None
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def lines(path: Path) -> list[str]:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return [ln for ln in text.splitlines() if ln.startswith(("step ", "checksum "))]
+
+
+def steps(path: Path) -> int:
+    return sum(1 for ln in lines(path) if ln.startswith("step "))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    pytest.importorskip("torch")
+    out = tmp_path_factory.mktemp("reference") / "train.out"
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    t = time.monotonic()
+    with open(out, "w") as f:
+        r = subprocess.run([sys.executable, str(TRAIN), str(STEPS), str(BALLAST_GIB), str(PACE)],
+                           stdout=f, stderr=subprocess.PIPE, text=True, env={**env, **ENV}, timeout=600)
+    got = lines(out)
+    assert r.returncode == 0 and len(got) == STEPS + 1, r.stderr[-2000:]
+    return {"lines": got, "seconds": round(time.monotonic() - t, 2)}
+
+
+def submit(cluster, workdir: Path) -> tuple[str, Path, Path]:
+    train_out, job_out = workdir / "train.out", workdir / "job.out"
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}} gpus=$CUDA_VISIBLE_DEVICES"
+export CUBLAS_WORKSPACE_CONFIG={ENV['CUBLAS_WORKSPACE_CONFIG']}
+{sys.executable} {TRAIN} {STEPS} {BALLAST_GIB} {PACE} >{train_out}
+echo "after python rc=$?"
+""")
+    jobid = cluster.sbatch(script, "--gpucr=on", "--gres=gpu:1", "-o", str(job_out))
+    return jobid, train_out, job_out
+
+
+def restore_log(cluster, jobid) -> str:
+    p = cluster.state / "images" / jobid / "restore.log"
+    return p.read_text() if p.exists() else ""
+
+
+def follow_restart(cluster, jobid, train_out, vram, t_preempt, figures):
+    """Requeue, restart, restore, completion: each with its time since t_preempt."""
+    wait_for(lambda: cluster.job(jobid).get("Restarts") == "1", timeout=120, what="the requeue")
+    figures["requeued_after_s"] = round(time.monotonic() - t_preempt, 2)
+    cluster.wait_state(jobid, "RUNNING", timeout=180)
+    t_running = time.monotonic()
+    figures["running_again_after_s"] = round(t_running - t_preempt, 2)
+    wait_for(lambda: "tree restored" in restore_log(cluster, jobid), timeout=180, what="the restore")
+    t_restored = time.monotonic()
+    figures["restored_after_s"] = round(t_restored - t_preempt, 2)
+    m = re.search(r"tree restored in ([0-9.]+) s (\{.*\})", restore_log(cluster, jobid))
+    if m:
+        figures["restore_s"] = float(m.group(1))
+        figures["restore_timings"] = json.loads(m.group(2))
+    at = steps(train_out)
+    wait_for(lambda: steps(train_out) > at, timeout=120, what="the restored job to train on")
+    figures["training_again_after_s"] = round(time.monotonic() - t_preempt, 2)
+    # The GPU while no process of the job held it: from the checkpoint's end to the restore.
+    idle = vram.between(t_preempt + figures.get("preempt_cli_s", 0), t_running)
+    figures["vram_min_mib_while_requeued"] = min(idle) if idle else None
+    figures["vram_mib_after_restore"] = vram.last_before(time.monotonic())
+    info = cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    return info
+
+
+def check_job(info, job_out: Path, train_out: Path, reference, figures):
+    text = job_out.read_text()
+    got = lines(train_out)
+    figures["bit_identical"] = got == reference["lines"]
+    figures["steps_once"] = [ln.split()[1] for ln in got if ln.startswith("step ")] == \
+        [str(i) for i in range(STEPS)]
+    assert info["JobState"] == "COMPLETED", (text, info)
+    assert info["Restarts"] == "1", info
+    assert text.count("start restart=0") == 1 and "start restart=1" not in text, text
+    assert text.count("after python rc=0") == 1, text
+    assert figures["steps_once"], "a training step was repeated or skipped"
+    if not figures["bit_identical"]:
+        first = next((i for i, (a, b) in enumerate(zip(reference["lines"], got)) if a != b), None)
+        pytest.fail(f"output differs from the uninterrupted run at line {first}: "
+                    f"{got[first] if first is not None else len(got)} vs "
+                    f"{reference['lines'][first] if first is not None else len(reference['lines'])}")
+
+
+def record(name: str, figures: dict, reference) -> None:
+    res = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    name_, driver = smi("name", "driver_version")
+    import torch
+
+    res.update({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "device": name_, "driver": driver, "torch": torch.__version__,
+                "workload": {"script": "tests/shim_workloads/train_torch.py", "steps": STEPS,
+                             "ballast_gib": BALLAST_GIB, "pace_s": PACE, "preempt_at_step": AT},
+                "reference_s": reference["seconds"], name: figures})
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
+
+
+def preempt_figures(result: dict) -> dict:
+    """What the checkpoint took, from the agents' report."""
+    units = [u for r in result.get("node_reports", []) for u in r.get("units", [])]
+    return {"generation": result.get("generation"), "image_bytes": result.get("bytes"),
+            "checkpoint_prepare_s": round(result.get("prepare_s", 0), 3),
+            "checkpoint_total_s": round(result.get("total_s", 0), 3),
+            "requeue_s": round(result.get("requeue_s", 0), 3),
+            "units": {u["name"]: {k: round(v, 3) for k, v in u["timings"].items() if k.endswith(("_s", "MBps"))}
+                      for u in units if "timings" in u}}
+
+
+def test_gpu_job_preempted_requeued_restored_bit_identical(slurm_cluster, workdir, reference):
+    idle = int(smi("memory.used")[0])
+    jobid, train_out, job_out = submit(slurm_cluster, workdir)
+    vram = VramSampler()
+    figures: dict = {"job": jobid, "vram_mib_idle": idle}
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+        wait_for(lambda: steps(train_out) >= AT, timeout=180, what=f"step {AT}")
+        figures["vram_mib_before"] = vram.last_before(time.monotonic())
+        t0 = time.monotonic()
+        r = gpucr(slurm_cluster, "preempt", jobid, "--json")
+        figures["preempt_cli_s"] = round(time.monotonic() - t0, 2)
+        figures.update(preempt_figures(json.loads(r.stdout)))
+        during = vram.between(t0, t0 + figures["preempt_cli_s"])
+        figures["vram_min_mib_during_checkpoint"] = min(during) if during else None
+        info = follow_restart(slurm_cluster, jobid, train_out, vram, t0, figures)
+    finally:
+        vram.stop()
+        figures["restore_log"] = restore_log(slurm_cluster, jobid).splitlines()[-6:]
+        record("preempt", figures, reference)
+    check_job(info, job_out, train_out, reference, figures)
+    record("preempt", figures, reference)
+    assert figures["vram_min_mib_while_requeued"] is not None
+    assert figures["vram_min_mib_while_requeued"] <= idle + 64, \
+        f"GPU memory not handed back while the job waited: {figures['vram_min_mib_while_requeued']} MiB"
+
+
+def test_gpu_job_preempted_by_urgent_job(slurm_cluster, workdir, reference):
+    """No gpucr-hpc command: an urgent job on the node preempts it; the warning
+    signal makes the job checkpoint and requeue itself within the grace time."""
+    idle = int(smi("memory.used")[0])
+    jobid, train_out, job_out = submit(slurm_cluster, workdir)
+    vram = VramSampler()
+    figures: dict = {"job": jobid, "vram_mib_idle": idle}
+    try:
+        info = slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+        wait_for(lambda: steps(train_out) >= AT, timeout=180, what=f"step {AT}")
+        figures["vram_mib_before"] = vram.last_before(time.monotonic())
+        urgent_sh = workdir / "urgent.sh"
+        urgent_sh.write_text("#!/bin/bash\nsleep 3\necho urgent done\n")
+        t0 = time.monotonic()
+        urgent = slurm_cluster.sbatch(urgent_sh, "-p", "urgent", "-w", info["NodeList"], "--gres=gpu:1",
+                                      "--exclusive", "-o", str(workdir / "urgent.out"))
+        info = follow_restart(slurm_cluster, jobid, train_out, vram, t0, figures)
+        slurm_cluster.wait_state(urgent, "COMPLETED", timeout=120)
+    finally:
+        vram.stop()
+        figures["restore_log"] = restore_log(slurm_cluster, jobid).splitlines()[-6:]
+        record("urgent", figures, reference)
+    check_job(info, job_out, train_out, reference, figures)
+    record("urgent", figures, reference)
+    assert f"gpucr: checkpointing job {jobid} before preemption" in job_out.read_text()
+    assert figures["vram_min_mib_while_requeued"] is not None
+    assert figures["vram_min_mib_while_requeued"] <= idle + 64, figures["vram_min_mib_while_requeued"]
+    assert "urgent done" in (workdir / "urgent.out").read_text()
