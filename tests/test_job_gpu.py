@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from job_helpers import gpucr, wait_for, workdir  # noqa: F401
+from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slurm, pytest.mark.criu]
 
@@ -92,17 +93,22 @@ def reference(tmp_path_factory):
     return {"lines": got, "seconds": round(time.monotonic() - t, 2)}
 
 
-def submit(cluster, workdir: Path) -> tuple[str, Path, Path]:
+def submit(cluster, workdir: Path, user=None) -> tuple[str, Path, Path]:
+    """The training job, submitted by root or by `user` (then workdir is theirs)."""
     train_out, job_out = workdir / "train.out", workdir / "job.out"
     script = workdir / "job.sh"
     script.write_text(f"""#!/bin/bash
-echo "start restart=${{SLURM_RESTART_COUNT:-0}} gpus=$CUDA_VISIBLE_DEVICES"
+echo "start restart=${{SLURM_RESTART_COUNT:-0}} gpus=$CUDA_VISIBLE_DEVICES uid=$(id -u)"
 export CUBLAS_WORKSPACE_CONFIG={ENV['CUBLAS_WORKSPACE_CONFIG']}
 {sys.executable} {TRAIN} {STEPS} {BALLAST_GIB} {PACE} >{train_out}
 echo "after python rc=$?"
 """)
-    jobid = cluster.sbatch(script, "--gpucr=on", "--gres=gpu:1", "-o", str(job_out))
-    return jobid, train_out, job_out
+    args = ("--gpucr=on", "--gres=gpu:1", "-o", str(job_out))
+    if user is None:
+        return cluster.sbatch(script, *args), train_out, job_out
+    r = as_user(user, "sbatch", "--parsable", *args, str(script), env=cluster.env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip().split(";")[0], train_out, job_out
 
 
 def restore_log(cluster, jobid) -> str:
@@ -178,31 +184,52 @@ def preempt_figures(result: dict) -> dict:
                       for u in units if "timings" in u}}
 
 
-def test_gpu_job_preempted_requeued_restored_bit_identical(slurm_cluster, workdir, reference):
+def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt"):
+    """The job's owner (root, or an ordinary user) preempts it with gpucr-hpc."""
     idle = int(smi("memory.used")[0])
-    jobid, train_out, job_out = submit(slurm_cluster, workdir)
+    jobid, train_out, job_out = submit(cluster, workdir, user)
     vram = VramSampler()
-    figures: dict = {"job": jobid, "vram_mib_idle": idle}
+    figures: dict = {"job": jobid, "vram_mib_idle": idle, "user": user.pw_name if user else "root"}
     try:
-        slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+        cluster.wait_state(jobid, "RUNNING", timeout=60)
         wait_for(lambda: steps(train_out) >= AT, timeout=180, what=f"step {AT}")
         figures["vram_mib_before"] = vram.last_before(time.monotonic())
         t0 = time.monotonic()
-        r = gpucr(slurm_cluster, "preempt", jobid, "--json")
+        if user is None:
+            r = gpucr(cluster, "preempt", jobid, "--json")
+        else:
+            r = gpucr_as(user, "preempt", jobid, "--json", env=cluster.env)
+            assert r.returncode == 0, r.stderr
         figures["preempt_cli_s"] = round(time.monotonic() - t0, 2)
         figures.update(preempt_figures(json.loads(r.stdout)))
         during = vram.between(t0, t0 + figures["preempt_cli_s"])
         figures["vram_min_mib_during_checkpoint"] = min(during) if during else None
-        info = follow_restart(slurm_cluster, jobid, train_out, vram, t0, figures)
+        info = follow_restart(cluster, jobid, train_out, vram, t0, figures)
     finally:
         vram.stop()
-        figures["restore_log"] = restore_log(slurm_cluster, jobid).splitlines()[-6:]
-        record("preempt", figures, reference)
+        figures["restore_log"] = restore_log(cluster, jobid).splitlines()[-6:]
+        record(name, figures, reference)
     check_job(info, job_out, train_out, reference, figures)
-    record("preempt", figures, reference)
+    record(name, figures, reference)
     assert figures["vram_min_mib_while_requeued"] is not None
     assert figures["vram_min_mib_while_requeued"] <= idle + 64, \
         f"GPU memory not handed back while the job waited: {figures['vram_min_mib_while_requeued']} MiB"
+    return jobid, job_out
+
+
+def test_gpu_job_preempted_requeued_restored_bit_identical(slurm_cluster, workdir, reference):
+    preempted_by_owner(slurm_cluster, workdir, reference)
+
+
+def test_ordinary_users_gpu_job_preempted_requeued_restored(slurm_cluster, users, users_tmp, reference):
+    """The same flow as an ordinary user: their job, their gpucr-hpc preempt, CRIU
+    through the root helper; the images are theirs alone."""
+    a = users[0]
+    jobid, job_out = preempted_by_owner(slurm_cluster, owned_dir(users_tmp / "job", a), reference,
+                                        user=a, name="user_preempt")
+    assert f"uid={a.pw_uid}" in job_out.read_text()
+    images = Path(slurm_cluster.state) / "images" / jobid
+    assert images.stat().st_uid == a.pw_uid and images.stat().st_mode & 0o077 == 0
 
 
 def test_gpu_job_preempted_by_urgent_job(slurm_cluster, workdir, reference):
