@@ -13,7 +13,6 @@
 #define _GNU_SOURCE
 #include <sched.h>
 #include <signal.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,10 +20,11 @@
 
 #define DIRECT_CHUNK (256u << 20)
 #ifndef GPUCR_SLOT
-#define GPUCR_SLOT (32u << 20) /* default slot: one DMA of it takes 0.6 ms */
+#define GPUCR_SLOT (32u << 20) /* one DMA: 0.6 ms; one memcpy of it: ~8 ms per thread */
 #endif
+#define SLOT GPUCR_SLOT
 #define MAX_THREADS 32
-#define DEFAULT_THREADS 16
+#define DEFAULT_THREADS 8 /* measured on the device; 12 was faster there (39 vs 30 GB/s) */
 #define MAX_SLOTS (2 * MAX_THREADS)
 #define NSTREAMS 2
 #define MAX_CTX 16
@@ -40,7 +40,6 @@ static struct ctx_res res[MAX_CTX];
 static int nres;
 
 static char *staging;
-static size_t slot_sz;
 static int nslots, nthreads;
 static double staging_s;
 static pthread_mutex_t staging_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -78,7 +77,8 @@ static int cpus_allowed(void)
 }
 
 /* GPUCR_COPY_THREADS, else one per allowed CPU up to DEFAULT_THREADS: the
- * program is quiesced meanwhile, and the memcpy is what limits the rate. */
+ * program is quiesced meanwhile, and the memcpy is what limits the rate
+ * (~3.5 GB/s per thread while the copy engines write the same memory). */
 static int copy_threads(void)
 {
     const char *v = getenv("GPUCR_COPY_THREADS");
@@ -108,14 +108,11 @@ CUresult gpucr_staging_setup(void)
     if (!staging && !gpucr_pin_arena) {
         double t0 = gpucr_now();
         int t = copy_threads();
-        const char *v = getenv("GPUCR_COPY_SLOT_MIB");
-        size_t sz = v && atoi(v) > 0 ? (size_t)atoi(v) << 20 : GPUCR_SLOT;
         void *p = NULL;
-        r = D.cuMemHostAlloc(&p, (size_t)2 * t * sz, CU_MEMHOSTALLOC_PORTABLE);
+        r = D.cuMemHostAlloc(&p, (size_t)2 * t * SLOT, CU_MEMHOSTALLOC_PORTABLE);
         if (r == CUDA_SUCCESS) {
             nthreads = t;
             nslots = 2 * t;
-            slot_sz = sz;
             staging = p;
             staging_s += gpucr_now() - t0;
         }
@@ -125,7 +122,7 @@ CUresult gpucr_staging_setup(void)
 }
 
 double gpucr_staging_seconds(void) { return staging_s; }
-size_t gpucr_staging_bytes(void) { return staging ? (size_t)nslots * slot_sz : 0; }
+size_t gpucr_staging_bytes(void) { return staging ? (size_t)nslots * SLOT : 0; }
 
 /* ---- direct: the arena is pinned -------------------------------------------- */
 
@@ -165,11 +162,7 @@ static CUresult copy_direct(struct gpucr_phys *const *ps, size_t n, int to_host)
     return r != CUDA_SUCCESS ? r : s;
 }
 
-/* ---- bounce: DMA to/from the staging ring, memcpy by workers ----------------
- * Unit i (one slot's worth of an allocation) goes through slot i % nslots and
- * is copied by worker i % nthreads; nslots = 2 * nthreads, so each worker owns
- * two slots and double-buffers. Each side wakes only the one thread that waits
- * on it: small slots mean tens of thousands of units per second. */
+/* ---- bounce: DMA to/from the staging ring, memcpy by workers ---------------- */
 
 struct unit {
     CUdeviceptr dev;
@@ -178,28 +171,21 @@ struct unit {
     struct ctx_res *r;
 };
 
-struct pipe;
-struct wk {
-    struct pipe *pp;
-    int id;
-    pthread_cond_t cv; /* unit issued */
-};
-
 struct pipe {
     struct unit *u;
     size_t n;
     int to_host;
     CUcontext ctx0;
     pthread_mutex_t mu;
-    pthread_cond_t cv;   /* a unit is done (the issuing thread waits) */
+    pthread_cond_t cv;
     size_t issued;       /* units whose DMA is queued (in order) */
+    size_t next;         /* the next unit a worker takes */
     unsigned char *done; /* the memcpy of unit i is done */
-    struct wk w[MAX_THREADS];
     CUresult rc;
     int abort;
 };
 
-static char *slot_buf(size_t i) { return staging + (i % (size_t)nslots) * slot_sz; }
+static char *slot_buf(size_t i) { return staging + (i % (size_t)nslots) * SLOT; }
 
 static void pipe_fail(struct pipe *pp, CUresult rc)
 {
@@ -208,8 +194,6 @@ static void pipe_fail(struct pipe *pp, CUresult rc)
         pp->rc = rc;
     pp->abort = 1;
     pthread_cond_broadcast(&pp->cv);
-    for (int t = 0; t < nthreads; t++)
-        pthread_cond_broadcast(&pp->w[t].cv);
     pthread_mutex_unlock(&pp->mu);
 }
 
@@ -217,37 +201,36 @@ static void pipe_fail(struct pipe *pp, CUresult rc)
  * To the GPU: wait until the slot's last DMA (unit i - nslots) is done, fill it. */
 static void *worker(void *arg)
 {
-    struct wk *w = arg;
-    struct pipe *pp = w->pp;
+    struct pipe *pp = arg;
     D.cuCtxSetCurrent(pp->ctx0);
-    for (size_t i = (size_t)w->id; i < pp->n; i += (size_t)nthreads) {
+    pthread_mutex_lock(&pp->mu);
+    while (!pp->abort && pp->next < pp->n) {
+        size_t i = pp->next++;
         size_t wait_for = pp->to_host ? i + 1 : (i >= (size_t)nslots ? i - nslots + 1 : 0);
-        pthread_mutex_lock(&pp->mu);
         while (!pp->abort && pp->issued < wait_for)
-            pthread_cond_wait(&w->cv, &pp->mu);
-        int stop = pp->abort;
-        pthread_mutex_unlock(&pp->mu);
-        if (stop)
+            pthread_cond_wait(&pp->cv, &pp->mu);
+        if (pp->abort)
             break;
+        pthread_mutex_unlock(&pp->mu);
+        const struct unit *u = &pp->u[i];
         CUresult rc = CUDA_SUCCESS;
         if (wait_for) {
-            const struct unit *prev = &pp->u[wait_for - 1];
-            rc = D.cuEventSynchronize(prev->r->ev[(wait_for - 1) % nslots]);
+            const struct unit *w = &pp->u[wait_for - 1];
+            rc = D.cuEventSynchronize(w->r->ev[(wait_for - 1) % nslots]);
         }
         if (rc != CUDA_SUCCESS) {
             pipe_fail(pp, rc);
-            break;
+            return NULL;
         }
-        const struct unit *u = &pp->u[i];
         if (pp->to_host)
             memcpy(u->host, slot_buf(i), u->len);
         else
             memcpy(slot_buf(i), u->host, u->len);
         pthread_mutex_lock(&pp->mu);
         pp->done[i] = 1;
-        pthread_cond_signal(&pp->cv);
-        pthread_mutex_unlock(&pp->mu);
+        pthread_cond_broadcast(&pp->cv);
     }
+    pthread_mutex_unlock(&pp->mu);
     return NULL;
 }
 
@@ -257,10 +240,13 @@ static CUresult bounce_issue(struct pipe *pp)
     for (size_t i = 0; i < pp->n; i++) {
         /* to the host: the slot is free once unit i - nslots is copied out;
          * to the GPU: unit i must be in its slot */
-        size_t need = pp->to_host ? (i >= (size_t)nslots ? i - nslots : SIZE_MAX) : i;
         pthread_mutex_lock(&pp->mu);
-        while (!pp->abort && need != SIZE_MAX && !pp->done[need])
-            pthread_cond_wait(&pp->cv, &pp->mu);
+        if (pp->to_host)
+            while (!pp->abort && i >= (size_t)nslots && !pp->done[i - nslots])
+                pthread_cond_wait(&pp->cv, &pp->mu);
+        else
+            while (!pp->abort && !pp->done[i])
+                pthread_cond_wait(&pp->cv, &pp->mu);
         int stop = pp->abort;
         pthread_mutex_unlock(&pp->mu);
         if (stop)
@@ -278,9 +264,7 @@ static CUresult bounce_issue(struct pipe *pp)
         }
         pthread_mutex_lock(&pp->mu);
         pp->issued = i + 1;
-        /* to the host the worker of unit i waits for it; to the GPU the worker
-         * of unit i + nslots (the same worker) */
-        pthread_cond_signal(&pp->w[i % (size_t)nthreads].cv);
+        pthread_cond_broadcast(&pp->cv);
         pthread_mutex_unlock(&pp->mu);
     }
     return rc;
@@ -293,67 +277,56 @@ static CUresult copy_bounce(struct gpucr_phys *const *ps, size_t n, int to_host,
         rc = gpucr_staging_setup();
     if (rc != CUDA_SUCCESS || !n)
         return rc;
-    struct pipe *pp = calloc(1, sizeof *pp);
+    struct pipe pp;
+    memset(&pp, 0, sizeof pp);
+    pp.to_host = to_host;
     size_t nu = 0;
     for (size_t i = 0; i < n; i++)
-        nu += (ps[i]->size + slot_sz - 1) / slot_sz;
-    if (pp) {
-        pp->u = calloc(nu ? nu : 1, sizeof *pp->u);
-        pp->done = calloc(nu ? nu : 1, 1);
-    }
-    if (!pp || !pp->u || !pp->done) {
-        if (pp) {
-            free(pp->u);
-            free(pp->done);
-        }
-        free(pp);
+        nu += (ps[i]->size + SLOT - 1) / SLOT;
+    pp.u = calloc(nu ? nu : 1, sizeof *pp.u);
+    pp.done = calloc(nu ? nu : 1, 1);
+    if (!pp.u || !pp.done) {
+        free(pp.u);
+        free(pp.done);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    pp->to_host = to_host;
-    for (size_t i = 0; i < n && rc == CUDA_SUCCESS; i++) {
+    for (size_t i = 0; i < n; i++) {
         const struct gpucr_phys *p = ps[i];
-        struct ctx_res *cr = NULL;
-        if ((rc = gpucr_use_ctx(p->ctx)) == CUDA_SUCCESS && !(cr = res_for(p->ctx)))
-            rc = CUDA_ERROR_OUT_OF_MEMORY;
-        for (size_t off = 0; cr && off < p->size; off += slot_sz)
-            pp->u[pp->n++] = (struct unit){p->copy_va + off, (char *)p->host + off,
-                                           p->size - off < slot_sz ? p->size - off : slot_sz, cr};
+        struct ctx_res *cr;
+        if ((rc = gpucr_use_ctx(p->ctx)) != CUDA_SUCCESS || !(cr = res_for(p->ctx))) {
+            free(pp.u);
+            free(pp.done);
+            return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        for (size_t off = 0; off < p->size; off += SLOT)
+            pp.u[pp.n++] = (struct unit){p->copy_va + off, (char *)p->host + off,
+                                         p->size - off < SLOT ? p->size - off : SLOT, cr};
     }
-    pp->ctx0 = pp->n ? pp->u[0].r->ctx : NULL;
-    pthread_mutex_init(&pp->mu, NULL);
-    pthread_cond_init(&pp->cv, NULL);
+    pp.ctx0 = pp.n ? pp.u[0].r->ctx : NULL;
+    pthread_mutex_init(&pp.mu, NULL);
+    pthread_cond_init(&pp.cv, NULL);
     pthread_t th[MAX_THREADS];
     int nt = 0;
-    for (int t = 0; t < nthreads; t++) {
-        pp->w[t].pp = pp;
-        pp->w[t].id = t;
-        pthread_cond_init(&pp->w[t].cv, NULL);
-    }
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old); /* workers take no signal of the program */
-    for (int t = 0; rc == CUDA_SUCCESS && t < nthreads; t++)
-        if (pthread_create(&th[t], NULL, worker, &pp->w[t]) == 0)
+    for (int t = 0; t < nthreads && (size_t)t < pp.n; t++)
+        if (pthread_create(&th[nt], NULL, worker, &pp) == 0)
             nt++;
-        else
-            break;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != CUDA_SUCCESS || nt < nthreads) /* each worker owns its units */
-        pipe_fail(pp, rc != CUDA_SUCCESS ? rc : CUDA_ERROR_OUT_OF_MEMORY);
+    if (pp.n && !nt)
+        pipe_fail(&pp, CUDA_ERROR_OUT_OF_MEMORY);
     else
-        bounce_issue(pp);
+        bounce_issue(&pp);
     for (int t = 0; t < nt; t++)
         pthread_join(th[t], NULL);
     CUresult s = sync_all();
-    rc = pp->rc != CUDA_SUCCESS ? pp->rc : s;
+    rc = pp.rc != CUDA_SUCCESS ? pp.rc : s;
     *threads = nt;
-    for (int t = 0; t < nthreads; t++)
-        pthread_cond_destroy(&pp->w[t].cv);
-    pthread_mutex_destroy(&pp->mu);
-    pthread_cond_destroy(&pp->cv);
-    free(pp->u);
-    free(pp->done);
-    free(pp);
+    pthread_mutex_destroy(&pp.mu);
+    pthread_cond_destroy(&pp.cv);
+    free(pp.u);
+    free(pp.done);
     return rc;
 }
 
@@ -380,7 +353,6 @@ void gpucr_datapath_after_fork_child(void)
     pthread_mutex_init(&staging_mu, NULL);
     nres = 0;
     staging = NULL;
-    slot_sz = 0;
     nslots = nthreads = 0;
     staging_s = 0;
 }
