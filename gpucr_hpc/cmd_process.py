@@ -47,11 +47,12 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.option("--arena", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Directory for the pinned host arena: a hugetlbfs mount for huge pages "
+              help="Directory for the host arena: a hugetlbfs mount for huge pages "
                    "(default: /dev/shm).")
 @click.option("--arena-size", default=None, metavar="SIZE",
-              help="Create and pre-fault this much arena at start (e.g. 80G) and pin it once the "
-                   "program uses CUDA, so the first checkpoint does not pay for it.")
+              help="Create and pre-fault this much arena at start (e.g. 80G), and its pinned staging "
+                   "ring once the program uses CUDA, so the first checkpoint does not pay for it; "
+                   "the one-time cost is printed on stderr.")
 @run_dir_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(arena, arena_size, run_dir, cmd):
@@ -59,6 +60,8 @@ def run(arena, arena_size, run_dir, cmd):
     if arena_size is not None and not re.fullmatch(r"\d+(\.\d+)?[KMGkmg]?", arena_size):
         raise GpucrError(f"bad --arena-size {arena_size!r}", "give bytes or a size like 512M or 80G")
     env = shim_environment(os.environ, arena, str(run_dir) if run_dir else None, arena_size)
+    if arena_size:
+        env["GPUCR_ARENA_REPORT"] = "1"  # the shim tells the one-time setup cost on stderr
     try:
         os.execvpe(cmd[0], list(cmd), env)
     except FileNotFoundError:

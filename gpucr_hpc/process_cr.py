@@ -3,7 +3,7 @@
 Checkpoint, each phase timed:
   quiesce + data  every shimmed process of the tree, in parallel: the shim closes
                   its API gate, drains and synchronizes, copies its GPU memory into
-                  its pinned host arena and releases it (addresses kept);
+                  its host arena and releases it (addresses kept);
   control         the driver checkpoint API on every CUDA process of the tree:
                   lock all, then checkpoint all (VRAM handed back).
 Any failure undoes what was done, in reverse, and the tree keeps running.
@@ -185,7 +185,8 @@ def _summary(pid, targets, phases, t0, key) -> dict:
     for t in targets:
         r = t.result.get(key, {})
         procs.append({"pid": t.pid, "shim": t.shim, "cuda": t.cuda, "bytes": r.get("bytes", 0),
-                      **{k: r[k] for k in ("quiesce_s", "data_s", "allocations", "driver_path_bytes", "arena_setup_s")
+                      **{k: r[k] for k in ("quiesce_s", "data_s", "allocations", "driver_path_bytes", "arena_setup_s",
+                                           "prepare_s", "copy_s", "release_s", "create_s", "data_path", "copy_threads")
                          if k in r}})
     phases["total_s"] = time.monotonic() - t0
     return {"pid": pid, "processes": procs, "bytes": sum(p["bytes"] for p in procs),

@@ -3,15 +3,17 @@
 the driver checkpoint API alone, for several GPU footprints, in one run.
 
 For each footprint (GiB) the same CUDA C program (cudaMalloc'ed buffers) is
-  - checkpointed/restored in place with the driver API only (lock+checkpoint,
-    restore+unlock), and
-  - run under the shim with its arena preallocated at start-up (one-time cost,
-    reported apart), then checkpointed/restored with gpucr (quiesce, data,
-    control, total per direction; two cycles, the second is reported as steady).
-Raw pinned D2H/H2D bandwidth is measured in the same run. Writes JSON (+ PNG
-when matplotlib is there).
+  - run under the shim with its arena created at start-up (one-time cost,
+    reported apart), then checkpointed/restored in place with gpucr (quiesce,
+    data, control per direction, and the shim's own breakdown of data; several
+    cycles, the last is reported as steady), and
+  - checkpointed/restored in place with the driver API only.
+Both runs then finish their steps and print the ballast checksum: their whole
+output must be identical (`bit_identical`). Raw pinned D2H/H2D bandwidth is
+measured in the same run. Writes JSON (+ PNG when matplotlib is there).
 
     python3 scripts/bench_shim_vs_driver.py --sizes 1 8 32 70 --out bench/results/x.json
+    --no-driver: gpucr only (to compare data paths: --pin, --copy-threads N)
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,8 +36,12 @@ from gpucr_hpc.driver_nvidia import NvidiaDriver  # noqa: E402
 from gpucr_hpc.shim_client import ShimClient  # noqa: E402
 from shim_gpu_verify import Proc, gpu_used_mib, smi  # noqa: E402
 
+STEPS, PACE_MS = 600, 200  # paced while measured; SIGUSR1 lets it finish
+
 
 def raw_bandwidth(gib: float = 8.0) -> dict:
+    import subprocess
+
     code = f"""
 import json, time, torch
 n = int({gib} * 2**30)
@@ -54,17 +60,27 @@ print(json.dumps({{"d2h_GBps": best(lambda: h.copy_(d, non_blocking=True)), "h2d
 
 def start(args, gib, shim: bool, run_dir: Path):
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    cmd = [args.cuda_bin, "100000", str(gib), "200"]
+    cmd = [args.cuda_bin, str(STEPS), str(gib), str(PACE_MS)]
     if shim:
-        env.update(GPUCR_RUN_DIR=str(run_dir), GPUCR_ARENA_PREALLOC=f"{gib + 0.25}G")
-        if args.arena:
-            env["GPUCR_ARENA_DIR"] = args.arena
-        cmd = [sys.executable, "-m", "gpucr_hpc", "run", "--"] + cmd
+        env.update(GPUCR_RUN_DIR=str(run_dir))
+        if args.pin:
+            env["GPUCR_ARENA_PIN"] = "1"
+        if args.copy_threads:
+            env["GPUCR_COPY_THREADS"] = str(args.copy_threads)
+        extra = ["--arena", args.arena] if args.arena else []
+        cmd = [sys.executable, "-m", "gpucr_hpc", "run", "--arena-size", f"{gib + 0.25}G", *extra, "--"] + cmd
     p = Proc(cmd, env)
     if not p.wait_steps(2, 300):
         p.p.kill()
         raise RuntimeError(f"workload did not start: {p.err[-500:]}")
     return p
+
+
+def finish(p: Proc) -> list[str]:
+    """Lets the workload run its last steps unpaced; its output lines."""
+    os.kill(p.p.pid, signal.SIGUSR1)
+    rc = p.finish(120)
+    return p.lines if rc == 0 else p.lines + [f"exit {rc}"]
 
 
 def driver_only(args, gib) -> dict:
@@ -84,11 +100,17 @@ def driver_only(args, gib) -> dict:
         drv.unlock(p.p.pid)
         t4 = time.monotonic()
         ok = p.wait_steps(p.steps() + 2, 60)
+        lines = finish(p)
         return {"used_mib_before": used, "used_mib_after_checkpoint": after, "lock_s": t1 - t0,
-                "checkpoint_s": t1 - t0 + (t_cp - t1), "restore_s": t4 - t2, "unlock_s": t4 - t3, "continued": ok}
+                "checkpoint_s": t_cp - t0, "restore_s": t4 - t2, "unlock_s": t4 - t3, "continued": ok,
+                "_lines": lines}
     finally:
-        p.p.kill()
-        p.finish(30)
+        if p.p.poll() is None:
+            p.p.kill()
+            p.finish(30)
+
+
+SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "copy_threads", "arena_setup_s")
 
 
 def gpucr(args, gib) -> dict:
@@ -97,25 +119,51 @@ def gpucr(args, gib) -> dict:
     pid = p.p.pid
     try:
         c = ShimClient(pid, run_dir)
-        deadline = time.monotonic() + 600
-        while c.status()["arena_bytes"] < gib * 2**30 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(2 + gib / 16)  # pinning follows the first CUDA context
-        setup = c.status()["arena_setup_s"]
+        deadline = time.monotonic() + 300
+        while not c.status().get("arena_ready") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        st = c.status()
+        one_time = {k: st.get(k) for k in ("arena_ready", "arena_setup_s", "arena_bytes", "arena_dir", "arena_hugetlb",
+                                            "arena_pinned", "staging_bytes")}
         cycles = []
         for _ in range(args.cycles):
             used = gpu_used_mib()
             cp = process_cr.checkpoint_tree(pid, timeout_ms=60000, run_dir=run_dir)
             after = gpu_used_mib()
             rs = process_cr.restore_tree(pid, run_dir=run_dir)
+            shim_cp, shim_rs = cp["processes"][0], rs["processes"][0]
             cycles.append({"used_mib_before": used, "used_mib_after_checkpoint": after, "bytes": cp["bytes"],
-                           "checkpoint": cp["phases"], "restore": rs["phases"],
-                           "arena_setup_s_in_checkpoint": cp["processes"][0].get("arena_setup_s", 0.0)})
+                           "checkpoint": {**cp["phases"], "shim": {k: shim_cp[k] for k in SHIM_KEYS if k in shim_cp}},
+                           "restore": {**rs["phases"], "shim": {k: shim_rs[k] for k in SHIM_KEYS if k in shim_rs}}})
         ok = p.wait_steps(p.steps() + 2, 60)
-        return {"arena_setup_s": setup, "cycles": cycles, "continued": ok}
+        lines = finish(p)
+        # what `gpucr-hpc run` printed (stderr is read to its end)
+        one_time["run_stderr"] = [ln for ln in p.err.splitlines() if ln.startswith("gpucr:")]
+        return {"one_time": one_time, "cycles": cycles, "continued": ok, "_lines": lines}
     finally:
-        p.p.kill()
-        p.finish(30)
+        if p.p.poll() is None:
+            p.p.kill()
+            p.finish(30)
+
+
+def ratios(row, raw) -> dict:
+    s = row["gpucr"]["cycles"][-1]
+    cp, rs = s["checkpoint"], s["restore"]
+    gb = s["bytes"] / 1e9
+    out = {
+        "data_out_GBps": gb / cp["data_s"], "data_in_GBps": gb / rs["data_s"],
+        "copy_out_GBps": gb / cp["shim"]["copy_s"], "copy_in_GBps": gb / rs["shim"]["copy_s"],
+        "physics_floor_out_s": gb / raw["d2h_GBps"], "physics_floor_in_s": gb / raw["h2d_GBps"],
+    }
+    out["data_out_vs_raw"] = out["data_out_GBps"] / raw["d2h_GBps"]
+    out["data_in_vs_raw"] = out["data_in_GBps"] / raw["h2d_GBps"]
+    if "checkpoint_s" in row.get("driver_only", {}):
+        d = row["driver_only"]
+        out["checkpoint_total_vs_driver"] = cp["total_s"] / d["checkpoint_s"]
+        out["restore_total_vs_driver"] = rs["total_s"] / d["restore_s"]
+        out["checkpoint_speedup"] = d["checkpoint_s"] / cp["total_s"]
+        out["restore_speedup"] = d["restore_s"] / rs["total_s"]
+    return out
 
 
 def plot(results, path):
@@ -125,22 +173,32 @@ def plot(results, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in results["footprints"] if "gpucr" in r and "driver_only" in r]
+    rows = [r for r in results["footprints"] if "cycles" in r.get("gpucr", {}) and "checkpoint_s" in r.get("driver_only", {})]
+    if not rows:
+        return False
     x = [r["gib"] for r in rows]
-    fig, ax = plt.subplots(1, 2, figsize=(10, 4))
-    for i, (key, drv_key, title) in enumerate((("checkpoint", "checkpoint_s", "VRAM yield (checkpoint)"),
-                                               ("restore", "restore_s", "restore"))):
-        ax[i].plot(x, [r["driver_only"][drv_key] for r in rows], "o-", label="driver API only")
-        ax[i].plot(x, [r["gpucr"]["cycles"][-1][key]["total_s"] for r in rows], "o-", label="gpucr-hpc")
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (key, drv_key, floor, title) in enumerate((
+            ("checkpoint", "checkpoint_s", "physics_floor_out_s", "VRAM yield (checkpoint)"),
+            ("restore", "restore_s", "physics_floor_in_s", "restore (data back on the GPU)"))):
+        steady = [r["gpucr"]["cycles"][-1][key] for r in rows]
+        ax[i].plot(x, [r["driver_only"][drv_key] for r in rows], "o-", color="tab:red", label="driver API only")
+        ax[i].plot(x, [s["total_s"] for s in steady], "o-", color="tab:blue", label="gpucr-hpc total")
+        ax[i].plot(x, [s["data_s"] for s in steady], "s--", color="tab:blue", alpha=0.6, label="gpucr data phase")
+        ax[i].plot(x, [s["control_s"] for s in steady], "^:", color="tab:green", label="gpucr control (driver)")
+        ax[i].plot(x, [r["ratios"][floor] for r in rows], "k:", alpha=0.5, label="bytes / raw pinned bandwidth")
+        ax[i].plot(x, [r["driver_only"][drv_key] / 10 for r in rows], "--", color="tab:red", alpha=0.35,
+                   label="1/10 of driver only")
         ax[i].set_xlabel("GPU footprint (GiB)")
         ax[i].set_ylabel("seconds")
         ax[i].set_title(title)
         ax[i].set_xscale("log", base=2)
         ax[i].set_yscale("log")
-        ax[i].legend()
-    fig.suptitle(f"{results['device']}, driver {results['driver']}")
+        ax[i].grid(True, which="both", alpha=0.3)
+    ax[0].legend(fontsize=8)
+    fig.suptitle(f"{results['device']}, driver {results['driver']}, {results['date'][:10]}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     return True
 
 
@@ -149,35 +207,40 @@ def main():
     ap.add_argument("--sizes", type=float, nargs="+", default=[1, 8, 32, 70])
     ap.add_argument("--cycles", type=int, default=2)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--arena", default=None)
+    ap.add_argument("--arena", default=None, help="arena dir (default /dev/shm)")
+    ap.add_argument("--pin", action="store_true", help="GPUCR_ARENA_PIN=1: pinned arena, direct DMA")
+    ap.add_argument("--copy-threads", type=int, default=0)
+    ap.add_argument("--no-driver", action="store_true", help="skip the driver-only runs")
+    ap.add_argument("--raw-gib", type=float, default=8.0)
     ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")
     args = ap.parse_args()
     name, driver = smi("name,driver_version")
-    res = {"device": name, "driver": driver,
+    res = {"device": name, "driver": driver, "cpus": len(os.sched_getaffinity(0)),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "raw_pinned": raw_bandwidth(), "footprints": []}
-    Path(args.out).write_text(json.dumps(res, indent=1))
+           "options": {"arena": args.arena or "/dev/shm", "pin": args.pin, "copy_threads": args.copy_threads or None,
+                       "cycles": args.cycles, "env": {k: v for k, v in os.environ.items() if k.startswith("GPUCR_")}},
+           "raw_pinned": raw_bandwidth(args.raw_gib) if args.raw_gib else {}, "footprints": []}
+    out = Path(args.out)
+    out.write_text(json.dumps(res, indent=1))
     for gib in args.sizes:
         row = {"gib": gib}
         for label, fn in (("gpucr", gpucr), ("driver_only", driver_only)):
+            if label == "driver_only" and args.no_driver:
+                continue
             try:
                 row[label] = fn(args, gib)
             except Exception as e:  # noqa: BLE001 - record and go on
                 row[label] = {"error": f"{type(e).__name__}: {e}"}
-            print(gib, label, json.dumps(row[label])[:600], flush=True)
-        if "cycles" in row.get("gpucr", {}) and "checkpoint_s" in row.get("driver_only", {}):
-            steady = row["gpucr"]["cycles"][-1]
-            gb = steady["bytes"] / 1e9
-            row["ratios"] = {
-                "data_out_GBps": gb / steady["checkpoint"]["data_s"] if steady["checkpoint"]["data_s"] else None,
-                "data_in_GBps": gb / steady["restore"]["data_s"] if steady["restore"]["data_s"] else None,
-                "checkpoint_speedup": row["driver_only"]["checkpoint_s"] / steady["checkpoint"]["total_s"],
-                "restore_speedup": row["driver_only"]["restore_s"] / steady["restore"]["total_s"],
-            }
+            print(gib, label, json.dumps({k: v for k, v in row[label].items() if k != "_lines"})[:900], flush=True)
+        lines = [row[k].pop("_lines", None) for k in ("gpucr", "driver_only") if k in row]
+        if len(lines) == 2 and all(lines):
+            row["bit_identical"] = lines[0] == lines[1] and any(ln.startswith("checksum") for ln in lines[0])
+        if "cycles" in row.get("gpucr", {}) and "d2h_GBps" in res["raw_pinned"]:
+            row["ratios"] = ratios(row, res["raw_pinned"])
         res["footprints"].append(row)
-        Path(args.out).write_text(json.dumps(res, indent=1))
-    res["plot"] = plot(res, Path(args.out).with_suffix(".png"))
-    Path(args.out).write_text(json.dumps(res, indent=1))
+        out.write_text(json.dumps(res, indent=1))
+    res["plot"] = plot(res, out.with_suffix(".png"))
+    out.write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

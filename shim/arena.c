@@ -1,11 +1,17 @@
 /* The host arena: where GPU memory goes while the GPU memory is handed back.
  *
  * Segments are files in a hugetlbfs mount (when the configured directory is one)
- * or in /dev/shm, mapped MAP_SHARED and pre-faulted, unlinked at once (so they
- * never outlive the process), then registered with the driver (pinned) once. The arena only grows, by one segment at a time, so the
- * same footprint checkpointed again reuses the same pinned memory. */
+ * or in /dev/shm, mapped MAP_SHARED and pre-faulted by several threads (first
+ * touch is slow in a VM: ~1 GB/s per thread), unlinked at once (so they never
+ * outlive the process), and registered with the driver (pinned) only when the
+ * caller passes a register function (GPUCR_ARENA_PIN; datapath.c says why not by
+ * default). The arena only grows, by one segment at a time, so the same
+ * footprint checkpointed again reuses the same memory. */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +23,10 @@
 #include "gpucr.h"
 
 #define HUGETLBFS_MAGIC_ 0x958458f6
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#define MAX_FAULT_THREADS 8
 #define MAX_SEGS 64
 #define BLOB_ALIGN 4096
 
@@ -66,6 +76,56 @@ int gpucr_arena_configure(const char *d)
 const char *gpucr_arena_dir(void) { return dir; }
 int gpucr_arena_is_hugetlb(void) { return hugetlb; }
 
+struct fault_job {
+    char *base;
+    size_t size;
+    int err;
+};
+
+static void *fault_thread(void *arg)
+{
+    struct fault_job *j = arg;
+    if (madvise(j->base, j->size, MADV_POPULATE_WRITE) < 0)
+        j->err = errno;
+    return NULL;
+}
+
+/* Pre-faults [p, p+size) with up to MAX_FAULT_THREADS threads: 0, or an errno
+ * (EINVAL: the kernel has no MADV_POPULATE_WRITE; ENOMEM/EFAULT: no room). */
+static int prefault(char *p, size_t size)
+{
+    cpu_set_t cpus;
+    int n = MAX_FAULT_THREADS;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < n)
+        n = CPU_COUNT(&cpus);
+    size_t slice = round_up((size + (size_t)n - 1) / (size_t)n, page > (2u << 20) ? page : (2u << 20));
+    struct fault_job jobs[MAX_FAULT_THREADS];
+    pthread_t th[MAX_FAULT_THREADS];
+    int started[MAX_FAULT_THREADS] = {0};
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (int i = 0; i < n; i++) {
+        size_t off = (size_t)i * slice;
+        jobs[i] = (struct fault_job){p + off, off < size ? (size - off < slice ? size - off : slice) : 0, 0};
+        if (jobs[i].size && i > 0)
+            started[i] = pthread_create(&th[i], NULL, fault_thread, &jobs[i]) == 0;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    for (int i = 1; i < n; i++) /* the ones that did not start, here */
+        if (jobs[i].size && !started[i])
+            fault_thread(&jobs[i]);
+    fault_thread(&jobs[0]);
+    int err = jobs[0].err;
+    for (int i = 1; i < n; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        if (!err)
+            err = jobs[i].err;
+    }
+    return err;
+}
+
 /* A new shared file of `size` bytes, mapped (at `at` when not NULL) and
  * pre-faulted, then unlinked: no name once mapped, so the memory goes away with
  * the process, however it ends (a killed process runs no destructor). */
@@ -85,8 +145,18 @@ static void *map_new_file(struct seg *s, size_t size, void *at)
         errno = e;
         return MAP_FAILED;
     }
-    void *p = mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE | (at ? MAP_FIXED : 0), fd, 0);
+    void *p = mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | (at ? MAP_FIXED : 0), fd, 0);
     int e = errno;
+    if (p != MAP_FAILED && (e = prefault(p, size)) == EINVAL) { /* an old kernel */
+        p = mmap(p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE | MAP_FIXED, fd, 0);
+        e = errno;
+    } else if (p != MAP_FAILED && e) { /* out of shared memory or huge pages */
+        if (at)
+            mmap(at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        else
+            munmap(p, size);
+        p = MAP_FAILED;
+    }
     close(fd);
     unlink(s->path);
     if (p == MAP_FAILED)

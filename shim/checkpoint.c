@@ -2,7 +2,7 @@
  *
  * checkpoint: refuse what cannot be checkpointed -> close the gate (bounded) ->
  *   synchronize every known context (bounded) -> trim memory pools -> copy every
- *   tracked physical allocation into the pinned arena -> unmap and release it,
+ *   tracked physical allocation into the host arena (datapath.c) -> unmap and release it,
  *   keeping the virtual addresses. The gate stays closed: the agent now calls the
  *   driver checkpoint API for what is left (contexts, modules, pool memory).
  * restore (after the agent's driver restore + unlock): re-create each physical
@@ -22,22 +22,14 @@
 
 #include "hooks.h"
 
-#define CHUNK (256u << 20)
-#define NSTREAMS 2
 #define MAX_CTX 16
 
 enum { ST_RUNNING, ST_CHECKPOINTED };
 static int state = ST_RUNNING;
 static int state_cuda; /* the checkpoint moved GPU state */
 static int sync_busy;  /* a timed-out context sync still runs */
+static int arena_ready; /* the start-up preallocation is done */
 static uint64_t last_bytes;
-
-struct ctx_streams {
-    CUcontext ctx;
-    CUstream s[NSTREAMS];
-};
-static struct ctx_streams streams[MAX_CTX];
-static int nstreams;
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -54,29 +46,6 @@ static const char *cu_name(CUresult r)
     static char buf[32];
     snprintf(buf, sizeof buf, "CUDA error %d", (int)r);
     return buf;
-}
-
-static CUstream *streams_for(CUcontext ctx)
-{
-    for (int i = 0; i < nstreams; i++)
-        if (streams[i].ctx == ctx)
-            return streams[i].s;
-    if (nstreams == MAX_CTX)
-        return NULL;
-    struct ctx_streams *cs = &streams[nstreams];
-    for (int k = 0; k < NSTREAMS; k++)
-        if (D.cuStreamCreate(&cs->s[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-            return NULL;
-    cs->ctx = ctx;
-    nstreams++;
-    return cs->s;
-}
-
-static CUresult use_ctx(CUcontext ctx)
-{
-    CUcontext cur = NULL;
-    D.cuCtxGetCurrent(&cur);
-    return cur == ctx ? CUDA_SUCCESS : D.cuCtxSetCurrent(ctx);
 }
 
 static int host_register(void *base, size_t size)
@@ -327,37 +296,6 @@ static void scratch_unmap(struct gpucr_phys *p)
     p->copy_va = 0;
 }
 
-/* Copies each allocation in chunks spread over the context's streams. */
-static CUresult copy_all(struct work *w, int to_host)
-{
-    CUresult r = CUDA_SUCCESS;
-    int k = 0;
-    for (size_t i = 0; i < w->n && r == CUDA_SUCCESS; i++) {
-        struct gpucr_phys *p = w->p[i];
-        if ((r = use_ctx(p->ctx)) != CUDA_SUCCESS)
-            break;
-        CUstream *s = streams_for(p->ctx);
-        if (!s)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        for (size_t off = 0; off < p->size && r == CUDA_SUCCESS; off += CHUNK) {
-            size_t n = p->size - off < CHUNK ? p->size - off : CHUNK;
-            if (to_host)
-                r = D.cuMemcpyDtoHAsync_v2((char *)p->host + off, p->copy_va + off, n, s[k++ % NSTREAMS]);
-            else
-                r = D.cuMemcpyHtoDAsync_v2(p->copy_va + off, (char *)p->host + off, n, s[k++ % NSTREAMS]);
-        }
-    }
-    for (int c = 0; c < nstreams; c++) {
-        use_ctx(streams[c].ctx);
-        for (int j = 0; j < NSTREAMS; j++) {
-            CUresult s = D.cuStreamSynchronize(streams[c].s[j]);
-            if (r == CUDA_SUCCESS)
-                r = s;
-        }
-    }
-    return r;
-}
-
 /* The arena placements of a checkpointed process, one object per allocation. */
 struct blob_list {
     struct jbuf *out;
@@ -442,7 +380,10 @@ void gpucr_cmd_status(struct jbuf *out)
     jb_i64(out, "arena_segments", gpucr_arena_segments());
     jb_str(out, "arena_dir", gpucr_arena_dir());
     jb_bool(out, "arena_hugetlb", gpucr_arena_is_hugetlb());
-    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds());
+    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() + gpucr_staging_seconds());
+    jb_bool(out, "arena_ready", arena_ready);
+    jb_bool(out, "arena_pinned", gpucr_pin_arena);
+    jb_u64(out, "staging_bytes", gpucr_staging_bytes());
     jb_i64(out, "arena_detached", gpucr_arena_detached());
     jb_bool(out, "gate_closed", gpucr_gate_is_closed());
     jb_u64(out, "gate_waits", gpucr_gate_waits());
@@ -513,8 +454,8 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     if (!sizes || !hosts)
         fail = "out of host memory";
     if (!fail && w.n) {
-        use_ctx(w.p[0]->ctx);
-        if (gpucr_arena_place(sizes, w.n, hosts, host_register) != 0)
+        gpucr_use_ctx(w.p[0]->ctx);
+        if (gpucr_arena_place(sizes, w.n, hosts, gpucr_pin_arena ? host_register : NULL) != 0)
             fail = "the host arena could not grow (out of shared memory or huge pages?)";
     }
     for (size_t i = 0; !fail && i < w.n; i++) {
@@ -522,7 +463,9 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
         if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
             fail = "mapping an allocation for copying failed";
     }
-    if (!fail && (rc = copy_all(&w, 1)) != CUDA_SUCCESS)
+    struct gpucr_copy_stats cs = {0, 0, 0, 0};
+    double tc = gpucr_now();
+    if (!fail && (rc = gpucr_copy(w.p, w.n, 1, &cs)) != CUDA_SUCCESS)
         fail = "copying GPU memory to the host failed";
     if (fail) {
         for (size_t i = 0; i < w.n; i++)
@@ -538,6 +481,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
         return err(out, why);
     }
     /* every byte is on the host: release the physical memory, keep the VAs */
+    double tr = gpucr_now();
     rc = CUDA_SUCCESS;
     gpucr_map_foreach(unmap_dropped, &rc);
     for (size_t i = 0; i < w.n; i++) {
@@ -564,9 +508,15 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_bool(out, "cuda", 1);
     jb_f64(out, "quiesce_s", t1 - t0);
     jb_f64(out, "data_s", t2 - t1);
+    /* data_s = prepare (placement, one-time growth) + copy + release */
+    jb_f64(out, "prepare_s", tc - t1);
+    jb_f64(out, "copy_s", cs.seconds);
+    jb_f64(out, "release_s", t2 - tr);
+    jb_str(out, "data_path", cs.bounce ? "bounce" : "direct");
+    jb_i64(out, "copy_threads", cs.threads);
     jb_u64(out, "bytes", bytes);
     jb_u64(out, "allocations", n);
-    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() - reg0);
+    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() - reg0 + cs.setup_s);
     jb_u64(out, "driver_path_bytes", gpucr_set_sum(SET_ASYNC));
     if (rc != CUDA_SUCCESS)
         jb_str(out, "warning", cu_name(rc));
@@ -601,7 +551,7 @@ void gpucr_cmd_restore(struct jbuf *out)
         if (!p->dropped)
             continue;
         CUmemGenericAllocationHandle h;
-        if ((rc = use_ctx(p->ctx)) != CUDA_SUCCESS ||
+        if ((rc = gpucr_use_ctx(p->ctx)) != CUDA_SUCCESS ||
             (rc = D.cuMemCreate(&h, p->size, (const CUmemAllocationProp *)p->prop, p->create_flags)) != CUDA_SUCCESS)
             fail = rc == CUDA_ERROR_OUT_OF_MEMORY ? "not enough free GPU memory to restore" : "re-creating GPU memory failed";
         else {
@@ -622,7 +572,9 @@ void gpucr_cmd_restore(struct jbuf *out)
             if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
                 fail = "mapping an allocation for copying failed";
     }
-    if (!fail && (rc = copy_all(&w, 0)) != CUDA_SUCCESS)
+    struct gpucr_copy_stats cs = {0, 0, 0, 0};
+    double tc = gpucr_now();
+    if (!fail && (rc = gpucr_copy(w.p, w.n, 0, &cs)) != CUDA_SUCCESS)
         fail = "copying data back to the GPU failed";
     if (fail) {
         /* Stay checkpointed: the data is still in the arena; a retry may work
@@ -659,6 +611,12 @@ void gpucr_cmd_restore(struct jbuf *out)
     jb_bool(out, "ok", 1);
     jb_bool(out, "cuda", 1);
     jb_f64(out, "data_s", t1 - t0);
+    /* data_s = re-create + map physical memory, then copy */
+    jb_f64(out, "create_s", tc - t0);
+    jb_f64(out, "copy_s", cs.seconds);
+    jb_str(out, "data_path", cs.bounce ? "bounce" : "direct");
+    jb_i64(out, "copy_threads", cs.threads);
+    jb_f64(out, "arena_setup_s", cs.setup_s);
     jb_u64(out, "bytes", last_bytes);
     jb_end(out);
 }
@@ -679,7 +637,7 @@ static CUresult any_ctx(void)
     const struct u64map *ctxs = gpucr_set_map(SET_CTX);
     U64MAP_FOREACH(ctxs, i) if (!ctx) ctx = (CUcontext)(uintptr_t)ctxs->keys[i];
     gpucr_table_unlock();
-    return ctx ? use_ctx(ctx) : CUDA_ERROR_INVALID_CONTEXT;
+    return ctx ? gpucr_use_ctx(ctx) : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 /* After the agent saved the blobs, before the driver checkpoint. */
@@ -718,7 +676,7 @@ void gpucr_cmd_arena_attach(struct jbuf *out)
         snprintf(why, sizeof why, "no CUDA context to register the arena with (%s); restore the driver state first", cu_name(rc));
         return err(out, why);
     }
-    if (gpucr_arena_attach(host_register) != 0) {
+    if (gpucr_arena_attach(gpucr_pin_arena ? host_register : NULL) != 0) {
         snprintf(why, sizeof why, "re-creating the arena in %s failed (%s)", gpucr_arena_dir(), strerror(errno));
         return err(out, why);
     }
@@ -730,16 +688,26 @@ void gpucr_cmd_arena_attach(struct jbuf *out)
     jb_end(out);
 }
 
-/* GPUCR_ARENA_PREALLOC: create and pre-fault the arena at start-up, and pin it
- * as soon as the program has a CUDA context, so the first checkpoint does not
- * pay for it. */
+/* GPUCR_ARENA_PREALLOC: create and pre-fault the arena at start-up, and, once
+ * the program has a CUDA context, allocate the staging ring (or pin the arena,
+ * GPUCR_ARENA_PIN), so the first checkpoint does not pay for it. With
+ * GPUCR_ARENA_REPORT (`gpucr-hpc run --arena-size`) these one-time costs are
+ * told on stderr. */
 static void *prealloc_thread(void *arg)
 {
     size_t size = (size_t)(uintptr_t)arg;
+    const char *rep = getenv("GPUCR_ARENA_REPORT");
+    int report = rep && *rep && strcmp(rep, "0") != 0;
+    double t0 = gpucr_now();
     if (gpucr_arena_prealloc(size) != 0) {
+        int e = errno;
         gpucr_log("arena preallocation of %zu bytes failed", size);
+        if (report)
+            fprintf(stderr, "gpucr: creating the %.2f GiB arena in %s failed (%s); checkpoints will grow it as needed\n",
+                    size / 1073741824.0, gpucr_arena_dir(), strerror(e));
         return NULL;
     }
+    double t1 = gpucr_now();
     for (;;) {
         CUcontext ctx = NULL;
         if (gpucr_driver_loaded()) {
@@ -749,8 +717,21 @@ static void *prealloc_thread(void *arg)
             gpucr_table_unlock();
         }
         if (ctx) {
-            if (D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS)
-                gpucr_arena_register_pending(host_register);
+            double t2 = gpucr_now();
+            if (D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) {
+                if (gpucr_pin_arena)
+                    gpucr_arena_register_pending(host_register);
+                else
+                    gpucr_staging_setup();
+            }
+            double t3 = gpucr_now();
+            arena_ready = 1;
+            gpucr_log("arena ready: %zu bytes, one-time setup %.2f s", gpucr_arena_capacity(),
+                      gpucr_arena_setup_seconds() + gpucr_staging_seconds());
+            if (report)
+                fprintf(stderr, "gpucr: %.2f GiB arena in %s ready (one-time, at start-up: create + pre-fault %.2f s, "
+                        "%s %.2f s)\n", gpucr_arena_capacity() / 1073741824.0, gpucr_arena_dir(), t1 - t0,
+                        gpucr_pin_arena ? "pin" : "staging ring", t3 - t2);
             return NULL;
         }
         usleep(100000);
@@ -772,8 +753,9 @@ void gpucr_checkpoint_after_fork_child(void)
 {
     state = ST_RUNNING;
     state_cuda = 0;
-    nstreams = 0;
     sync_busy = 0;
+    arena_ready = 0;
+    gpucr_datapath_after_fork_child();
 }
 
 void gpucr_checkpoint_at_exit(void) { gpucr_arena_destroy(NULL); }

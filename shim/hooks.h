@@ -36,7 +36,8 @@ typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuu
     X(cuMemFreeAsync) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)             \
     X(cuIpcCloseMemHandle) X(cuMemPoolExportToShareableHandle)                  \
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer)             \
-    X(cuMemPoolImportPointer) X(cuGetProcAddress_v2)
+    X(cuMemPoolImportPointer) X(cuGetProcAddress_v2) X(cuEventCreate)          \
+    X(cuEventRecord) X(cuEventSynchronize) X(cuMemHostAlloc)
 
 struct gpucr_driver {
 #define GPUCR_FIELD(fn) __typeof__(&fn) fn;
@@ -80,6 +81,21 @@ extern unsigned long gpucr_ipc_sticky; /* pools exported/imported: never forgets
 void gpucr_ipc_forget(uint64_t vhandle); /* an exported allocation is freed */
 void gpucr_note_context(void); /* remember the calling thread's current context */
 void gpucr_checkpoint_after_fork_child(void);
+
+/* datapath.c: allocation contents to/from the host arena (p->host, p->copy_va) */
+extern int gpucr_pin_arena; /* pinned arena, direct DMA (GPUCR_ARENA_PIN) */
+void gpucr_datapath_init(void);
+struct gpucr_copy_stats {
+    double seconds; /* the copy itself */
+    double setup_s; /* one-time staging setup paid by this copy */
+    int bounce, threads;
+};
+CUresult gpucr_copy(struct gpucr_phys *const *p, size_t n, int to_host, struct gpucr_copy_stats *st);
+CUresult gpucr_staging_setup(void); /* needs a current context */
+double gpucr_staging_seconds(void);
+size_t gpucr_staging_bytes(void);
+CUresult gpucr_use_ctx(CUcontext ctx);
+void gpucr_datapath_after_fork_child(void);
 void gpucr_arena_start_prealloc(size_t size);
 void gpucr_checkpoint_at_exit(void);
 

@@ -29,6 +29,7 @@ __attribute__((constructor)) static void gpucr_init(void)
     if (enabled("GPUCR_DISABLE", 0))
         return;
     gpucr_vmm_backing = enabled("GPUCR_VMM_BACKING", 1);
+    gpucr_datapath_init();
     const char *arena = getenv("GPUCR_ARENA_DIR");
     if (gpucr_arena_configure(arena) < 0) {
         gpucr_log("arena dir %s unusable, using /dev/shm", arena ? arena : "(none)");

@@ -1,0 +1,358 @@
+/* Moving the contents of tracked allocations between the GPU and the host arena.
+ *
+ * Bounce (default): the arena is not pinned. Pinned host memory is what made the
+ * driver checkpoint grow with the footprint: the driver unpins it at checkpoint
+ * and re-pins it at restore (+19 ms/GiB and +24..36 ms/GiB on the H100 machine,
+ * bench/probe), and unpinning it ourselves costs as much, in one driver lock,
+ * and waits for every copy in flight. So the copy engines go through a small
+ * pinned staging ring, allocated once, and worker threads memcpy between ring
+ * and arena while the next DMAs run.
+ * Direct (GPUCR_ARENA_PIN=1): the arena is pinned once at start-up and the copy
+ * engines read and write it directly; best where no driver checkpoint follows
+ * (the SIGTSTP yield), slower control where one does. */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hooks.h"
+
+#define DIRECT_CHUNK (256u << 20)
+#ifndef GPUCR_SLOT
+#define GPUCR_SLOT (32u << 20) /* one DMA: 0.6 ms; one memcpy of it: ~8 ms per thread */
+#endif
+#define SLOT GPUCR_SLOT
+#define MAX_THREADS 32
+#define DEFAULT_THREADS 8 /* measured on the device; 12 was faster there (39 vs 30 GB/s) */
+#define MAX_SLOTS (2 * MAX_THREADS)
+#define NSTREAMS 2
+#define MAX_CTX 16
+
+int gpucr_pin_arena;
+
+struct ctx_res {
+    CUcontext ctx;
+    CUstream s[NSTREAMS];
+    CUevent ev[MAX_SLOTS]; /* one per staging slot: streams and events belong to a context */
+};
+static struct ctx_res res[MAX_CTX];
+static int nres;
+
+static char *staging;
+static int nslots, nthreads;
+static double staging_s;
+static pthread_mutex_t staging_mu = PTHREAD_MUTEX_INITIALIZER;
+
+CUresult gpucr_use_ctx(CUcontext ctx)
+{
+    CUcontext cur = NULL;
+    D.cuCtxGetCurrent(&cur);
+    return cur == ctx ? CUDA_SUCCESS : D.cuCtxSetCurrent(ctx);
+}
+
+static struct ctx_res *res_for(CUcontext ctx)
+{
+    for (int i = 0; i < nres; i++)
+        if (res[i].ctx == ctx)
+            return &res[i];
+    if (nres == MAX_CTX)
+        return NULL;
+    struct ctx_res *r = &res[nres];
+    for (int k = 0; k < NSTREAMS; k++)
+        if (D.cuStreamCreate(&r->s[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+            return NULL;
+    for (int k = 0; k < MAX_SLOTS; k++)
+        if (D.cuEventCreate(&r->ev[k], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+            return NULL;
+    r->ctx = ctx;
+    nres++;
+    return r;
+}
+
+static int cpus_allowed(void)
+{
+    cpu_set_t cpus;
+    return sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+}
+
+/* GPUCR_COPY_THREADS, else one per allowed CPU up to DEFAULT_THREADS: the
+ * program is quiesced meanwhile, and the memcpy is what limits the rate
+ * (~3.5 GB/s per thread while the copy engines write the same memory). */
+static int copy_threads(void)
+{
+    const char *v = getenv("GPUCR_COPY_THREADS");
+    int n = v && *v ? atoi(v) : DEFAULT_THREADS;
+    if (!(v && *v) && cpus_allowed() < n)
+        n = cpus_allowed();
+    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+}
+
+/* GPUCR_ARENA_PIN=1/0, else automatic: with fewer than 4 CPUs the workers
+ * cannot keep up with the copy engines (~6.6 GB/s each), and pinning costs less. */
+void gpucr_datapath_init(void)
+{
+    const char *v = getenv("GPUCR_ARENA_PIN");
+    if (v && *v)
+        gpucr_pin_arena = !(strcmp(v, "0") == 0 || strcmp(v, "no") == 0 || strcmp(v, "off") == 0);
+    else
+        gpucr_pin_arena = cpus_allowed() < 4;
+}
+
+/* The staging ring: a one-time cost, paid at start-up by the preallocation
+ * thread when there is one. Needs a current context. */
+CUresult gpucr_staging_setup(void)
+{
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&staging_mu);
+    if (!staging && !gpucr_pin_arena) {
+        double t0 = gpucr_now();
+        int t = copy_threads();
+        void *p = NULL;
+        r = D.cuMemHostAlloc(&p, (size_t)2 * t * SLOT, CU_MEMHOSTALLOC_PORTABLE);
+        if (r == CUDA_SUCCESS) {
+            nthreads = t;
+            nslots = 2 * t;
+            staging = p;
+            staging_s += gpucr_now() - t0;
+        }
+    }
+    pthread_mutex_unlock(&staging_mu);
+    return r;
+}
+
+double gpucr_staging_seconds(void) { return staging_s; }
+size_t gpucr_staging_bytes(void) { return staging ? (size_t)nslots * SLOT : 0; }
+
+/* ---- direct: the arena is pinned -------------------------------------------- */
+
+static CUresult sync_all(void)
+{
+    CUresult r = CUDA_SUCCESS;
+    for (int c = 0; c < nres; c++) {
+        gpucr_use_ctx(res[c].ctx);
+        for (int j = 0; j < NSTREAMS; j++) {
+            CUresult s = D.cuStreamSynchronize(res[c].s[j]);
+            if (r == CUDA_SUCCESS)
+                r = s;
+        }
+    }
+    return r;
+}
+
+static CUresult copy_direct(struct gpucr_phys *const *ps, size_t n, int to_host)
+{
+    CUresult r = CUDA_SUCCESS;
+    int k = 0;
+    for (size_t i = 0; i < n && r == CUDA_SUCCESS; i++) {
+        const struct gpucr_phys *p = ps[i];
+        struct ctx_res *cr;
+        if ((r = gpucr_use_ctx(p->ctx)) != CUDA_SUCCESS)
+            break;
+        if (!(cr = res_for(p->ctx)))
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        for (size_t off = 0; off < p->size && r == CUDA_SUCCESS; off += DIRECT_CHUNK) {
+            size_t len = p->size - off < DIRECT_CHUNK ? p->size - off : DIRECT_CHUNK;
+            CUstream s = cr->s[k++ % NSTREAMS];
+            r = to_host ? D.cuMemcpyDtoHAsync_v2((char *)p->host + off, p->copy_va + off, len, s)
+                        : D.cuMemcpyHtoDAsync_v2(p->copy_va + off, (char *)p->host + off, len, s);
+        }
+    }
+    CUresult s = sync_all();
+    return r != CUDA_SUCCESS ? r : s;
+}
+
+/* ---- bounce: DMA to/from the staging ring, memcpy by workers ---------------- */
+
+struct unit {
+    CUdeviceptr dev;
+    char *host;
+    size_t len;
+    struct ctx_res *r;
+};
+
+struct pipe {
+    struct unit *u;
+    size_t n;
+    int to_host;
+    CUcontext ctx0;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    size_t issued;       /* units whose DMA is queued (in order) */
+    size_t next;         /* the next unit a worker takes */
+    unsigned char *done; /* the memcpy of unit i is done */
+    CUresult rc;
+    int abort;
+};
+
+static char *slot_buf(size_t i) { return staging + (i % (size_t)nslots) * SLOT; }
+
+static void pipe_fail(struct pipe *pp, CUresult rc)
+{
+    pthread_mutex_lock(&pp->mu);
+    if (pp->rc == CUDA_SUCCESS)
+        pp->rc = rc;
+    pp->abort = 1;
+    pthread_cond_broadcast(&pp->cv);
+    pthread_mutex_unlock(&pp->mu);
+}
+
+/* To the host: wait for unit i's DMA into its slot, copy the slot out.
+ * To the GPU: wait until the slot's last DMA (unit i - nslots) is done, fill it. */
+static void *worker(void *arg)
+{
+    struct pipe *pp = arg;
+    D.cuCtxSetCurrent(pp->ctx0);
+    pthread_mutex_lock(&pp->mu);
+    while (!pp->abort && pp->next < pp->n) {
+        size_t i = pp->next++;
+        size_t wait_for = pp->to_host ? i + 1 : (i >= (size_t)nslots ? i - nslots + 1 : 0);
+        while (!pp->abort && pp->issued < wait_for)
+            pthread_cond_wait(&pp->cv, &pp->mu);
+        if (pp->abort)
+            break;
+        pthread_mutex_unlock(&pp->mu);
+        const struct unit *u = &pp->u[i];
+        CUresult rc = CUDA_SUCCESS;
+        if (wait_for) {
+            const struct unit *w = &pp->u[wait_for - 1];
+            rc = D.cuEventSynchronize(w->r->ev[(wait_for - 1) % nslots]);
+        }
+        if (rc != CUDA_SUCCESS) {
+            pipe_fail(pp, rc);
+            return NULL;
+        }
+        if (pp->to_host)
+            memcpy(u->host, slot_buf(i), u->len);
+        else
+            memcpy(slot_buf(i), u->host, u->len);
+        pthread_mutex_lock(&pp->mu);
+        pp->done[i] = 1;
+        pthread_cond_broadcast(&pp->cv);
+    }
+    pthread_mutex_unlock(&pp->mu);
+    return NULL;
+}
+
+static CUresult bounce_issue(struct pipe *pp)
+{
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t i = 0; i < pp->n; i++) {
+        /* to the host: the slot is free once unit i - nslots is copied out;
+         * to the GPU: unit i must be in its slot */
+        pthread_mutex_lock(&pp->mu);
+        if (pp->to_host)
+            while (!pp->abort && i >= (size_t)nslots && !pp->done[i - nslots])
+                pthread_cond_wait(&pp->cv, &pp->mu);
+        else
+            while (!pp->abort && !pp->done[i])
+                pthread_cond_wait(&pp->cv, &pp->mu);
+        int stop = pp->abort;
+        pthread_mutex_unlock(&pp->mu);
+        if (stop)
+            break;
+        struct unit *u = &pp->u[i];
+        CUstream s = u->r->s[i % NSTREAMS];
+        if ((rc = gpucr_use_ctx(u->r->ctx)) == CUDA_SUCCESS)
+            rc = pp->to_host ? D.cuMemcpyDtoHAsync_v2(slot_buf(i), u->dev, u->len, s)
+                             : D.cuMemcpyHtoDAsync_v2(u->dev, slot_buf(i), u->len, s);
+        if (rc == CUDA_SUCCESS)
+            rc = D.cuEventRecord(u->r->ev[i % nslots], s);
+        if (rc != CUDA_SUCCESS) {
+            pipe_fail(pp, rc);
+            break;
+        }
+        pthread_mutex_lock(&pp->mu);
+        pp->issued = i + 1;
+        pthread_cond_broadcast(&pp->cv);
+        pthread_mutex_unlock(&pp->mu);
+    }
+    return rc;
+}
+
+static CUresult copy_bounce(struct gpucr_phys *const *ps, size_t n, int to_host, int *threads)
+{
+    CUresult rc = n ? gpucr_use_ctx(ps[0]->ctx) : CUDA_SUCCESS;
+    if (rc == CUDA_SUCCESS && n)
+        rc = gpucr_staging_setup();
+    if (rc != CUDA_SUCCESS || !n)
+        return rc;
+    struct pipe pp;
+    memset(&pp, 0, sizeof pp);
+    pp.to_host = to_host;
+    size_t nu = 0;
+    for (size_t i = 0; i < n; i++)
+        nu += (ps[i]->size + SLOT - 1) / SLOT;
+    pp.u = calloc(nu ? nu : 1, sizeof *pp.u);
+    pp.done = calloc(nu ? nu : 1, 1);
+    if (!pp.u || !pp.done) {
+        free(pp.u);
+        free(pp.done);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct gpucr_phys *p = ps[i];
+        struct ctx_res *cr;
+        if ((rc = gpucr_use_ctx(p->ctx)) != CUDA_SUCCESS || !(cr = res_for(p->ctx))) {
+            free(pp.u);
+            free(pp.done);
+            return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        for (size_t off = 0; off < p->size; off += SLOT)
+            pp.u[pp.n++] = (struct unit){p->copy_va + off, (char *)p->host + off,
+                                         p->size - off < SLOT ? p->size - off : SLOT, cr};
+    }
+    pp.ctx0 = pp.n ? pp.u[0].r->ctx : NULL;
+    pthread_mutex_init(&pp.mu, NULL);
+    pthread_cond_init(&pp.cv, NULL);
+    pthread_t th[MAX_THREADS];
+    int nt = 0;
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* workers take no signal of the program */
+    for (int t = 0; t < nthreads && (size_t)t < pp.n; t++)
+        if (pthread_create(&th[nt], NULL, worker, &pp) == 0)
+            nt++;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (pp.n && !nt)
+        pipe_fail(&pp, CUDA_ERROR_OUT_OF_MEMORY);
+    else
+        bounce_issue(&pp);
+    for (int t = 0; t < nt; t++)
+        pthread_join(th[t], NULL);
+    CUresult s = sync_all();
+    rc = pp.rc != CUDA_SUCCESS ? pp.rc : s;
+    *threads = nt;
+    pthread_mutex_destroy(&pp.mu);
+    pthread_cond_destroy(&pp.cv);
+    free(pp.u);
+    free(pp.done);
+    return rc;
+}
+
+CUresult gpucr_copy(struct gpucr_phys *const *ps, size_t n, int to_host, struct gpucr_copy_stats *st)
+{
+    double t0 = gpucr_now();
+    double s0 = staging_s;
+    memset(st, 0, sizeof *st);
+    CUresult rc;
+    if (gpucr_pin_arena) {
+        rc = copy_direct(ps, n, to_host);
+    } else {
+        st->bounce = 1;
+        rc = copy_bounce(ps, n, to_host, &st->threads);
+    }
+    st->setup_s = staging_s - s0;
+    st->seconds = gpucr_now() - t0 - st->setup_s;
+    return rc;
+}
+
+void gpucr_datapath_after_fork_child(void)
+{
+    /* the parent's streams, events and staging belong to its CUDA state */
+    pthread_mutex_init(&staging_mu, NULL);
+    nres = 0;
+    staging = NULL;
+    nslots = nthreads = 0;
+    staging_s = 0;
+}

@@ -1,0 +1,213 @@
+/* The bounce data path (datapath.c) against a fake GPU: two streams, each run by
+ * its own thread with random delays, so copies and events complete late and out
+ * of order between streams. Every byte must arrive, both ways, for any number of
+ * worker threads, with tiny slots (many slot reuses). Needs cuda.h (types only). */
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "../hooks.h"
+
+struct gpucr_driver gpucr_drv;
+
+/* ---- the fake GPU ---------------------------------------------------------- */
+#define QMAX 4096
+struct op {
+    int kind; /* 0 copy, 1 event */
+    void *dst;
+    const void *src;
+    size_t n;
+    long ev;
+    unsigned long seq;
+};
+struct fstream {
+    struct op q[QMAX];
+    unsigned long head, tail; /* ops queued / done */
+    pthread_t th;
+};
+static struct fstream fs[8];
+static int nfs;
+static unsigned long ev_recorded[256], ev_done[256];
+static int nev;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static int stop;
+
+static void *gpu(void *arg)
+{
+    struct fstream *s = arg;
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (!stop && s->tail == s->head)
+            pthread_cond_wait(&cv, &mu);
+        if (stop)
+            break;
+        struct op o = s->q[s->tail % QMAX];
+        pthread_mutex_unlock(&mu);
+        usleep(rand_r(&seed) % 200);
+        if (o.kind == 0)
+            memcpy(o.dst, o.src, o.n);
+        pthread_mutex_lock(&mu);
+        if (o.kind == 1 && ev_done[o.ev] < o.seq)
+            ev_done[o.ev] = o.seq;
+        s->tail++;
+        pthread_cond_broadcast(&cv);
+    }
+    pthread_mutex_unlock(&mu);
+    return NULL;
+}
+
+static unsigned long seq;
+static CUresult enqueue(CUstream st, struct op o)
+{
+    struct fstream *s = &fs[(uintptr_t)st - 1];
+    pthread_mutex_lock(&mu);
+    CHECK(s->head - s->tail < QMAX);
+    o.seq = ++seq;
+    if (o.kind == 1)
+        ev_recorded[o.ev] = o.seq;
+    s->q[s->head++ % QMAX] = o;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+static CUresult f_get(CUcontext *c) { *c = (CUcontext)1; return CUDA_SUCCESS; }
+static CUresult f_set(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+static CUresult f_stream(CUstream *s, unsigned f)
+{
+    (void)f;
+    pthread_mutex_lock(&mu);
+    CHECK(nfs < 8);
+    *s = (CUstream)(uintptr_t)(nfs + 1);
+    pthread_create(&fs[nfs].th, NULL, gpu, &fs[nfs]);
+    nfs++;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+static CUresult f_event(CUevent *e, unsigned f)
+{
+    (void)f;
+    pthread_mutex_lock(&mu);
+    CHECK(nev < 256);
+    *e = (CUevent)(uintptr_t)nev++;
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+static CUresult f_record(CUevent e, CUstream s) { return enqueue(s, (struct op){1, 0, 0, 0, (long)(uintptr_t)e, 0}); }
+static CUresult f_evsync(CUevent e)
+{
+    long i = (long)(uintptr_t)e;
+    pthread_mutex_lock(&mu);
+    unsigned long want = ev_recorded[i];
+    while (ev_done[i] < want)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+static CUresult f_ssync(CUstream st)
+{
+    struct fstream *s = &fs[(uintptr_t)st - 1];
+    pthread_mutex_lock(&mu);
+    while (s->tail != s->head)
+        pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+static int calls, fail_at; /* the fail_at-th copy fails (0: none) */
+static CUresult f_d2h(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    if (fail_at && __atomic_add_fetch(&calls, 1, __ATOMIC_SEQ_CST) == fail_at)
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    return enqueue(s, (struct op){0, dst, (const void *)(uintptr_t)src, n, 0, 0});
+}
+static CUresult f_h2d(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    return enqueue(s, (struct op){0, (void *)(uintptr_t)dst, src, n, 0, 0});
+}
+static CUresult f_hostalloc(void **p, size_t n, unsigned f)
+{
+    (void)f;
+    *p = malloc(n);
+    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* ---- the test -------------------------------------------------------------- */
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)(rand_r(&seed) >> 3);
+}
+
+int main(void)
+{
+    D.cuCtxGetCurrent = f_get;
+    D.cuCtxSetCurrent = f_set;
+    D.cuStreamCreate = f_stream;
+    D.cuEventCreate = f_event;
+    D.cuEventRecord = f_record;
+    D.cuEventSynchronize = f_evsync;
+    D.cuStreamSynchronize = f_ssync;
+    D.cuMemcpyDtoHAsync_v2 = f_d2h;
+    D.cuMemcpyHtoDAsync_v2 = f_h2d;
+    D.cuMemHostAlloc = f_hostalloc;
+
+    /* allocation sizes around the slot size (GPUCR_SLOT = 4096 here) */
+    size_t sizes[] = {1, 4096, 4097, 3 * 4096 - 1, 100000, 64 * 4096, 12345, 8192};
+    enum { N = sizeof sizes / sizeof sizes[0] };
+    struct gpucr_phys phys[N], *ps[N];
+    unsigned char *dev[N], *host[N], *ref[N];
+    for (int i = 0; i < N; i++) {
+        memset(&phys[i], 0, sizeof phys[i]);
+        dev[i] = malloc(sizes[i]);
+        host[i] = malloc(sizes[i]);
+        ref[i] = malloc(sizes[i]);
+        phys[i].size = sizes[i];
+        phys[i].ctx = (void *)1;
+        phys[i].copy_va = (uint64_t)(uintptr_t)dev[i];
+        phys[i].host = host[i];
+        ps[i] = &phys[i];
+    }
+    const char *threads[] = {"1", "3", "8"};
+    for (int t = 0; t < 3; t++) {
+        setenv("GPUCR_COPY_THREADS", threads[t], 1);
+        gpucr_datapath_after_fork_child(); /* a new staging ring with this many workers */
+        for (int round = 0; round < 3; round++) {
+            for (int i = 0; i < N; i++) {
+                fill(ref[i], sizes[i], (unsigned)(t * 100 + round * 10 + i));
+                memcpy(dev[i], ref[i], sizes[i]);
+                memset(host[i], 0xee, sizes[i]);
+            }
+            struct gpucr_copy_stats st;
+            CHECK(gpucr_copy(ps, N, 1, &st) == CUDA_SUCCESS);
+            CHECK(st.bounce && st.threads >= 1);
+            for (int i = 0; i < N; i++) {
+                CHECK(memcmp(host[i], ref[i], sizes[i]) == 0);
+                memset(dev[i], 0x11, sizes[i]);
+            }
+            CHECK(gpucr_copy(ps, N, 0, &st) == CUDA_SUCCESS);
+            for (int i = 0; i < N; i++)
+                CHECK(memcmp(dev[i], ref[i], sizes[i]) == 0);
+        }
+    }
+    PASS("datapath: bounce copies arrive whole both ways (1, 3, 8 workers, slots reused)");
+    for (int k = 1; k < 40; k += 7) { /* a copy fails mid-way: the error, no hang */
+        struct gpucr_copy_stats st;
+        calls = 0;
+        fail_at = k;
+        CHECK(gpucr_copy(ps, N, 1, &st) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    }
+    fail_at = 0;
+    PASS("datapath: a failed copy is reported, workers end");
+    CHECK(gpucr_copy(ps, 0, 1, &(struct gpucr_copy_stats){0, 0, 0, 0}) == CUDA_SUCCESS);
+    PASS("datapath: nothing to copy");
+    pthread_mutex_lock(&mu);
+    stop = 1;
+    pthread_cond_broadcast(&cv);
+    pthread_mutex_unlock(&mu);
+    for (int i = 0; i < nfs; i++)
+        pthread_join(fs[i].th, NULL);
+    return 0;
+}
