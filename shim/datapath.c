@@ -24,7 +24,7 @@
 #endif
 #define SLOT GPUCR_SLOT
 #define MAX_THREADS 32
-#define DEFAULT_THREADS 8 /* measured on the device; 12 was faster there (39 vs 30 GB/s) */
+#define DEFAULT_THREADS 16 /* H100, 16 GiB: checkpoint + restore 1.42 s (16), 1.47 (12), 1.62 (8) */
 #define MAX_SLOTS (2 * MAX_THREADS)
 #define NSTREAMS 2
 #define MAX_CTX 16
