@@ -121,10 +121,13 @@ def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir=None, leave_runn
 @click.option("--pid", type=int, default=None, help="The process (and its children) checkpointed in place.")
 @run_dir_option
 @_restore_options
-def restore(jobid, pid, run_dir, as_json, from_dir=None, pidns="auto", rewind_files=False):
+def restore(jobid, pid, run_dir, as_json, from_dir=None, pidns="auto", rewind_files=False, gpus=None):
     """Restore a Slurm job that is not running from its checkpoint (JOBID; --from GEN
     picks a generation), a process checkpointed in place (--pid PID; it continues
-    where it stopped), or a whole-process image (--from DIR)."""
+    where it stopped), or a whole-process image (--from DIR; --gpu picks the GPUs)."""
+    if gpus is not None and (jobid is not None or not from_dir):
+        raise GpucrError("--gpu applies to restore --from DIR only (a job goes onto the GPUs Slurm "
+                         "gives it, a process checkpointed in place stays on its own)", "drop --gpu")
     if jobid is not None:
         if pid is not None:
             raise GpucrError("give either JOBID or --pid, not both", "drop one of them")
@@ -134,7 +137,7 @@ def restore(jobid, pid, run_dir, as_json, from_dir=None, pidns="auto", rewind_fi
     if from_dir:
         if pid is not None:
             raise GpucrError("give either --pid or --from, not both", "drop one of them")
-        return _m.run_restore(from_dir, pidns, rewind_files, as_json)
+        return _m.run_restore(from_dir, pidns, rewind_files, as_json, gpus)
     if pid is None:
         raise GpucrError("restore needs --pid PID (in place) or --from DIR (image)", "add one of them")
     result = restore_tree(pid, run_dir=run_dir)

@@ -9,11 +9,21 @@ CUcheckpointRestoreArgs. `NvidiaDriver()` checks for them and says so.
 
 from __future__ import annotations
 
+import ctypes
+
 from gpucr_hpc.errors import GpucrError
 
 FIX_BINDINGS = "install cuda-python >= 13.3.1 (pip install 'gpucr-hpc[nvidia]')"
 
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
+
+
+def uuid_bytes(uuid: str) -> bytes:
+    """The 16 bytes of a GPU UUID as nvidia-smi writes it (GPU-xxxxxxxx-xxxx-...)."""
+    raw = bytes.fromhex(uuid.removeprefix("GPU-").replace("-", ""))
+    if len(raw) != 16:
+        raise ValueError(f"not a GPU UUID: {uuid}")
+    return raw
 
 
 def load_bindings():
@@ -78,8 +88,28 @@ class NvidiaDriver:
     def checkpoint(self, pid: int) -> None:
         self._check(self.cu.cuCheckpointProcessCheckpoint(pid, None), "driver checkpoint", pid)
 
-    def restore(self, pid: int) -> None:
-        self._check(self.cu.cuCheckpointProcessRestore(pid, None), "driver restore", pid)
+    def restore(self, pid: int, pairs: list[tuple[str, str]] | None = None) -> None:
+        """Restore PID's GPU state; with pairs (old UUID, new UUID), one for every GPU the
+        process sees, onto those GPUs instead of the ones it had (driver >= 580)."""
+        args = self.restore_args(pairs) if pairs else None
+        what = "driver restore" + (" onto " + ", ".join(new for _, new in pairs) if pairs else "")
+        self._check(self.cu.cuCheckpointProcessRestore(pid, args), what, pid)
+
+    def restore_args(self, pairs: list[tuple[str, str]]):
+        """CUcheckpointRestoreArgs with gpuPairs. cuda-bindings 13.3.1: CUuuid.bytes is
+        read-only, so each CUuuid wraps our 16 bytes and is copied into its pair; the
+        gpuPairs setter copies the list but leaves gpuPairsCount to us."""
+        objs = []
+        for old, new in pairs:
+            pair = self.cu.CUcheckpointGpuPair()
+            raw_old, raw_new = (ctypes.create_string_buffer(uuid_bytes(u), 16) for u in (old, new))
+            pair.oldUuid = self.cu.CUuuid(ctypes.addressof(raw_old))
+            pair.newUuid = self.cu.CUuuid(ctypes.addressof(raw_new))
+            objs.append(pair)
+        args = self.cu.CUcheckpointRestoreArgs()
+        args.gpuPairs = objs
+        args.gpuPairsCount = len(objs)
+        return args
 
     def unlock(self, pid: int) -> None:
         self._check(self.cu.cuCheckpointProcessUnlock(pid, None), "driver unlock", pid)

@@ -94,6 +94,11 @@ def read_into(path: Path, va: int, out) -> None:
             ds.read_direct(arr)
 
 
+def string_array(values: list[str]) -> np.ndarray:
+    """A list of strings as an HDF5 attribute value (variable-length UTF-8)."""
+    return np.array(values, dtype=h5py.string_dtype())
+
+
 def file_attrs(path: Path) -> dict:
     with h5py.File(path, "r") as f:
         return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in f.attrs.items()}

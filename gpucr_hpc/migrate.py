@@ -24,12 +24,13 @@ checkpoint_to(pid, DIR):
 
 restore_from(DIR):
     1. checks   - CRIU, image committed, owned by the caller (or root), every file
-                  with its checksum, GPU vendor/model of this node, files the tree
-                  had open still of their checkpoint size, PIDs free (or a new
-                  PID namespace). All before anything is changed; the image is
-                  only ever read;
+                  with its checksum, GPU vendor/model of this node, the GPUs to
+                  restore onto (the ones it had, or others of the same model:
+                  migrate_gpu.plan_restore), files the tree had open still of their
+                  checkpoint size, PIDs free (or a new PID namespace). All before
+                  anything is changed; the image is only ever read;
     2. CRIU restore (`criu_restore_s`);
-    3. gpu      - driver restore + unlock, each shim's arena re-created at the same
+    3. gpu      - driver restore (onto those GPUs) + unlock, each shim's arena re-created at the same
                   addresses and filled from its .h5 file, shim copies the data back
                   to the GPU at the same VAs (migrate_gpu.restore_gpu). A failure
                   here ends the restored tree; the image is untouched.
@@ -165,7 +166,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
             t = time.monotonic()
             node = node_gpus() or {}
             m["vendor"] = node.get("vendor") or "nvidia"
-            m["gpu"] = {k: node.get(k) for k in ("model", "uuids", "driver_version")}
+            m["gpu"] = {k: node.get(k) for k in ("model", "models", "uuids", "driver_version")}
             gpu = migrate_gpu.GpuCheckpoint(pid, writer.path)
             gpu.run()
             gpu_active = True
@@ -313,11 +314,15 @@ def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
 
 
 def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False,
-                 inherit: dict[int, str] | None = None, checksums_verified: bool = False) -> dict:
+                 inherit: dict[int, str] | None = None, checksums_verified: bool = False,
+                 gpus: list[str] | None = None) -> dict:
     """Restore the image in from_dir; `inherit` hands our fds to the tree (criu --inherit-fd).
 
     checksums_verified: the caller has just verified the image's checksums (a job
-    restore checks every unit before it touches anything); not read twice."""
+    restore checks every unit before it touches anything); not read twice.
+    gpus: the GPUs of this node to restore onto (--gpu: indices or UUIDs, one per GPU
+    of the image); default: where it was when those GPUs are here with room, else
+    others of the same model (migrate_gpu.plan_restore)."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     image_store.check_owner(Path(from_dir).absolute(), None)
@@ -330,10 +335,16 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     if m.get("kind") != "process" or "root_pid" not in proc:
         raise GpucrError(f"image {img.path} is not a process image", "give restore --from a checkpoint --to directory")
     check_node(m)
+    plan = None
     if m.get("gpu_processes"):
         from gpucr_hpc import migrate_gpu
 
-        migrate_gpu.check_gpu_memory(m)
+        plan = migrate_gpu.plan_restore(m, gpus)
+        if plan is None:
+            migrate_gpu.check_gpu_memory(m)
+    elif gpus:
+        raise GpucrError(f"image {img.path} holds no GPU state, so --gpu has nothing to place",
+                         "restore it without --gpu")
     rewinds = check_open_files(m, rewind=rewind_files)
     clash = _pids_in_use(proc.get("pids", []))
     if pidns == "host" and clash:
@@ -347,9 +358,10 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
                                   new_pidns=new_ns, inherit=inherit)
     timings["criu_restore_s"] = time.monotonic() - t
+    placed = []
     if m.get("gpu_processes"):
         t = time.monotonic()
-        gt = _restore_gpu_or_end(m, img.path, restored, new_ns)
+        gt, placed = _restore_gpu_or_end(m, img.path, restored, new_ns, plan)
         timings.update({f"gpu_{k}": v for k, v in gt.items()})
         timings["gpu_restore_s"] = time.monotonic() - t
     shutil.rmtree(work, ignore_errors=True)
@@ -357,18 +369,20 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     return {"image": str(img.path), "pid": restored.host_pid, "ns_pid": restored.ns_pid,
             "pidns": "new" if new_ns else "host", "bytes": m.get("total_bytes", 0),
             "rewound_files_kept_as": kept, "timings": timings,
+            "gpus": placed, "gpu_moved": bool(plan and plan.moves),
             "_launcher": restored.launcher}
 
 
-def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool) -> dict:
-    """GPU state into the CRIU-restored tree; on failure the tree is ended (it could
-    not run on) and the image stays as it was, for another try."""
+def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None) -> tuple[dict, list]:
+    """GPU state into the CRIU-restored tree (timings, and the GPUs of each process);
+    on failure the tree is ended (it could not run on) and the image stays as it
+    was, for another try."""
     from gpucr_hpc import migrate_gpu
 
     tree = criu_mod.process_tree(restored.host_pid)
     pid_map = {(criu_mod.nspid(p)[-1] if new_ns else p): p for p in tree}
     try:
-        return migrate_gpu.restore_gpu(m, image, pid_map)
+        return migrate_gpu.restore_gpu(m, image, pid_map, plan), migrate_gpu.placement(m, plan, pid_map)
     except BaseException as e:
         for p in reversed(tree):
             try:
@@ -401,6 +415,10 @@ def _print_report(kind: str, rep: dict, as_json: bool) -> None:
                    f"({rep['pidns']} PID namespace, PID {rep['ns_pid']} inside)")
         for k in rep.get("rewound_files_kept_as") or []:
             click.echo(f"  rewound a grown file; its later content is kept in {k}")
+        for proc in rep.get("gpus") or []:
+            where = ", ".join(f"{g['ordinal']} -> GPU {g['index']} {g['uuid']}"
+                              + (f" (was {g['image_uuid']})" if g["moved"] else "") for g in proc["gpus"])
+            click.echo(f"  PID {proc['pid']} CUDA devices: {where or 'not recorded (the GPUs it had)'}")
     click.echo(f"  {phases}")
 
 
@@ -422,14 +440,31 @@ def restore_options(f):
                      show_default=True,
                      help="host: the original PIDs here (refused if taken); new: a new PID "
                           "namespace (root); auto: host when the PIDs are free.")(f)
+    f = click.option("--gpu", "gpus", metavar="GPU[,GPU...]", default=None,
+                     help="With --from: restore onto these GPUs of this node (nvidia-smi indices "
+                          "or UUIDs), one for each GPU of the image, in its order. Default: the "
+                          "GPUs it had when they are here with room, else other GPUs of the same "
+                          "model with the most free memory (only those in CUDA_VISIBLE_DEVICES "
+                          "when that is set).")(f)
     f = click.option("--from", "from_dir", type=click.Path(file_okay=False),
                      help="Restore the whole-process image in this directory.")(f)
     return f
+
+
+def parse_gpus(value: str | None) -> list[str] | None:
+    """--gpu 1 / --gpu 0,1 / --gpu GPU-8ca2...,GPU-11f0..."""
+    if value is None:
+        return None
+    items = [x.strip() for x in value.split(",")]
+    if not all(items):
+        raise GpucrError(f"bad --gpu {value!r}", "give nvidia-smi indices or UUIDs separated by commas, e.g. --gpu 1")
+    return items
 
 
 def run_checkpoint(pid: int, to_dir: str, leave_running: bool, as_json: bool) -> None:
     _print_report("checkpoint", checkpoint_to(pid, to_dir, leave_running=leave_running), as_json)
 
 
-def run_restore(from_dir: str, pidns: str, rewind_files: bool, as_json: bool) -> None:
-    _print_report("restore", restore_from(from_dir, pidns=pidns, rewind_files=rewind_files), as_json)
+def run_restore(from_dir: str, pidns: str, rewind_files: bool, as_json: bool, gpus: str | None = None) -> None:
+    rep = restore_from(from_dir, pidns=pidns, rewind_files=rewind_files, gpus=parse_gpus(gpus))
+    _print_report("restore", rep, as_json)

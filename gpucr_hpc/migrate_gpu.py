@@ -17,10 +17,17 @@ Checkpoint (`GpuCheckpoint`), on the shimmed and CUDA processes of the tree:
   `resume()` undoes what was done, in reverse, and the tree runs on as before
   (an aborted checkpoint, or --leave-running after the dump).
 
-Restore (`restore_gpu`), after CRIU has restored the tree: driver restore +
-unlock -> each shim re-creates its arena at the same addresses (arena_attach) ->
-the .h5 into it (gpu_image.load_process) -> shim restore (data back to the GPU
-at the same virtual addresses, API gate open). The image is only read.
+Each process's record in the manifest names the GPUs it sees (`gpu_uuids`, by
+CUDA ordinal: from its shim, else from its CUDA_VISIBLE_DEVICES) and its GPU data
+on each (`gpu_bytes`).
+
+Restore: `plan_restore` (before anything is changed) decides onto which GPUs of
+this node the image goes (gpu_remap); after CRIU has restored the tree,
+`restore_gpu`: driver restore (with the plan's GPU pairs for a process that
+moves) + unlock -> each shim re-creates its arena at the same addresses
+(arena_attach) -> the .h5 into it (gpu_image.load_process) -> shim restore (data
+back to the GPU at the same virtual addresses and ordinals, API gate open). The
+image is only read.
 
 A CUDA process without the shim takes the driver path alone: its GPU data then
 travel inside its CRIU images (the driver stages them into process memory).
@@ -28,12 +35,13 @@ travel inside its CRIU images (the driver stages them into process memory).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
-from gpucr_hpc import gpu_image, image_store, process_cr
+from gpucr_hpc import gpu_image, gpu_inventory, gpu_remap, image_store, process_cr
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.shim_client import ShimClient, socket_path
 
@@ -72,6 +80,7 @@ class GpuCheckpoint:
         self._shimmed: list = []
         self._detached: list[dict] = []
         self._driver_done = False
+        self._node: list | None = None  # this node's GPUs, asked for once when needed
 
     # -- checkpoint -------------------------------------------------------------
 
@@ -107,12 +116,23 @@ class GpuCheckpoint:
     def _save(self, tg) -> dict:
         rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
                "socket": str(socket_path(tg.pid)) if tg.shim else None}
-        blobs = gpu_image.blobs_from_reply(tg.result.get("checkpoint", {})) if tg.shim else []
+        reply = tg.result.get("checkpoint", {}) if tg.shim else {}
+        blobs = gpu_image.blobs_from_reply(reply)
+        if tg.cuda:
+            rec["gpu_uuids"] = self._gpu_uuids(tg.pid, reply)
+            per_ordinal = [0] * len(rec["gpu_uuids"])
+            for b in blobs:
+                if 0 <= b.device < len(per_ordinal):
+                    per_ordinal[b.device] += b.size
+            rec["gpu_bytes"] = per_ordinal
         if not blobs:
             return rec
         rel = image_store.process_h5_name(tg.pid)
+        attrs = {"vendor": "nvidia"}
+        if rec.get("gpu_uuids"):
+            attrs["device_uuids"] = gpu_image.string_array(rec["gpu_uuids"])
         try:
-            rep = gpu_image.save_process(self.dir / rel, tg.pid, blobs, attrs={"vendor": "nvidia"},
+            rep = gpu_image.save_process(self.dir / rel, tg.pid, blobs, attrs=attrs,
                                          checksum=image_store.block_digests)
         except OSError as e:
             raise GpucrError(f"writing the GPU data of process {tg.pid} to {self.dir / rel} failed: "
@@ -123,6 +143,20 @@ class GpuCheckpoint:
                    copy_s=round(rep["copy_s"], 6), fsync_s=round(rep["fsync_s"], 6),
                    fsync_and_checksum_s=round(rep["fsync_and_checksum_s"], 6))
         return rec
+
+    def _gpu_uuids(self, pid: int, reply: dict) -> list[str]:
+        """The UUIDs of the GPUs process `pid` sees, by CUDA ordinal: as its shim reported
+        them, else from its CUDA_VISIBLE_DEVICES against this node's GPUs; [] if unknown
+        (such an image restores onto the GPUs it had, only)."""
+        told = reply.get("device_uuids") or {}
+        if told:
+            return [told[k] for k in sorted(told, key=int)]
+        if self._node is None:
+            self._node = gpu_inventory.node_gpus()
+        try:
+            return [g.uuid for g in gpu_inventory.process_gpus(pid, self._node)]
+        except OSError:
+            return []
 
     # -- undo / leave running ---------------------------------------------------
 
@@ -155,7 +189,8 @@ def _refill(rec: dict, pid: int, image_dir: Path) -> dict:
 # -- restore ----------------------------------------------------------------------
 
 def check_gpu_memory(m: dict) -> None:
-    """The image's GPU data must fit in the free memory of this node's GPU."""
+    """The image's GPU data must fit in the free memory of this node's GPU (an image
+    without a GPU plan; plan_restore checks each GPU)."""
     need = int(m.get("gpu_bytes") or 0)
     if not need or not shutil.which("nvidia-smi"):
         return
@@ -171,8 +206,44 @@ def check_gpu_memory(m: dict) -> None:
                          "end other GPU processes on this node or restore on another one")
 
 
-def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int]) -> dict:
-    """GPU state of a CRIU-restored tree; pid_map: PID at checkpoint -> PID here."""
+def plan_restore(m: dict, force: list[str] | None = None, here: list | None = None,
+                 env: dict | None = None) -> gpu_remap.Plan | None:
+    """Where the image's GPUs go on this node (gpu_remap.plan); None for an image that
+    does not record them (restored onto the GPUs it had, as before). The GPUs this
+    restore may take are those of its own CUDA_VISIBLE_DEVICES when set (a Slurm step's
+    GPUs); --gpu (force) may name any GPU of the node."""
+    wanted = gpu_remap.image_gpus(m)
+    if wanted is None:
+        if force:
+            raise GpucrError("the image does not record the GPUs of its processes (written by an older "
+                             "gpucr-hpc), so --gpu cannot map them",
+                             "restore it without --gpu, onto the GPUs it had")
+        return None
+    here = gpu_inventory.node_gpus() if here is None else here
+    env = os.environ if env is None else env
+    usable = gpu_inventory.visible(env.get("CUDA_VISIBLE_DEVICES"), here)
+    return gpu_remap.plan(wanted, here, usable, force)
+
+
+def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> list[dict]:
+    """For the report: the GPUs each restored CUDA process runs on, by CUDA ordinal."""
+    out = []
+    for r in m.get("gpu_processes") or []:
+        if not r.get("cuda"):
+            continue
+        gpus = []
+        for ordinal, old in enumerate(r.get("gpu_uuids") or []):
+            new = plan.targets.get(old) if plan else None
+            gpus.append({"ordinal": ordinal, "image_uuid": old, "uuid": new.uuid if new else old,
+                         "index": new.index if new else None, "moved": bool(new and new.uuid != old)})
+        out.append({"pid": pid_map.get(r["pid"]), "image_pid": r["pid"], "gpus": gpus})
+    return out
+
+
+def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
+                plan: gpu_remap.Plan | None = None) -> dict:
+    """GPU state of a CRIU-restored tree; pid_map: PID at checkpoint -> PID here;
+    plan: onto which GPUs (None: the ones it had)."""
     timings: dict[str, float] = {}
     recs = m.get("gpu_processes") or []
     cuda = [r for r in recs if r["cuda"]]
@@ -185,6 +256,8 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int]) -> dict:
             raise GpucrError(f"process {r['pid']} of the image was not restored", "see the CRIU restore log")
         t = process_cr.Target(host, shim=r["shim"], cuda=r["cuda"], shim_state="checkpointed" if r["shim"] else "")
         t.driver_state = driver.state(host, cuda=True) if driver and r["cuda"] else None
+        if plan and r["cuda"]:
+            t.gpu_pairs = plan.pairs(r["gpu_uuids"])
         targets.append((r, t))
     if driver:
         process_cr.driver_restore(driver, [t for _, t in targets])

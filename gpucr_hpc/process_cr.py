@@ -39,6 +39,7 @@ class Target:
     cuda: bool = False        # uses the GPU driver
     shim_state: str = ""      # running / checkpointed (shim's view)
     driver_state: str | None = None
+    gpu_pairs: list | None = None  # (old UUID, new UUID) per GPU it sees: restore onto other GPUs
     result: dict = field(default_factory=dict)
 
 
@@ -171,8 +172,8 @@ def driver_checkpoint(driver, targets, timeout_ms: int) -> None:
 
 def driver_restore(driver, targets) -> None:
     todo = [t for t in targets if t.cuda and t.driver_state in ("checkpointed", "locked")]
-    errors = [e for _, e in _parallel(lambda t: driver.restore(t.pid) if t.driver_state == "checkpointed" else None,
-                                      todo) if e]
+    errors = [e for _, e in _parallel(lambda t: driver.restore(t.pid, t.gpu_pairs)
+                                      if t.driver_state == "checkpointed" else None, todo) if e]
     if errors:
         raise errors[0]
     for t in todo:

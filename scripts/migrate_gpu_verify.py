@@ -91,7 +91,8 @@ class Ctx:
         self.cli_env = dict(base, GPUCR_RUN_DIR=str(self.run_dir))
         self.reference: list[str] = []
 
-    def start(self, name: str, shim: bool):
+    def start(self, name: str, shim: bool, env: dict | None = None):
+        """The workload, under the shim or not; env: extra variables (e.g. CUDA_VISIBLE_DEVICES)."""
         out = self.root / f"{name}.out"
         err = self.root / f"{name}.err"
         cmd = [sys.executable, str(TRAIN), *self.wl_args]
@@ -101,7 +102,8 @@ class Ctx:
             cmd = [sys.executable, "-m", "gpucr_hpc", "run", *arena, "--"] + cmd
         with open(out, "w") as fo, open(err, "w") as fe:
             p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=fo, stderr=fe,
-                                 env=self.cli_env if shim else self.env, start_new_session=True)
+                                 env={**(self.cli_env if shim else self.env), **(env or {})},
+                                 start_new_session=True)
         return p, out, err
 
 
@@ -159,10 +161,15 @@ def image_state(img: Path) -> list:
                   for p in img.rglob("*") for st in [p.lstat()])
 
 
-def restore(ctx: Ctx, img: Path, out: Path, *extra) -> dict:
+def restore(ctx: Ctx, img: Path, out: Path, *extra, env: dict | None = None, running=None) -> dict:
+    """restore --from IMG, then wait for the restored run to finish and compare its output.
+    env: extra variables for the restore command; running(rep): called as soon as the
+    restore returned, while the restored process runs (to look at it)."""
     digest = image_state(img)
-    rep = cli(ctx.cli_env, "restore", "--from", str(img), *extra)
+    rep = cli({**ctx.cli_env, **(env or {})}, "restore", "--from", str(img), *extra)
     pid = rep["pid"]
+    if running:
+        running(rep)
     wait_until(lambda: any(ln.startswith("checksum ") for ln in out_lines(out)) or not alive(pid),
                ctx.args.timeout, "the restored process to finish")
     wait_until(lambda: not alive(pid), 60, "the restored process to exit")

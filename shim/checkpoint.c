@@ -9,9 +9,10 @@
  *   allocation, map it at the same addresses with the same access, copy the data
  *   back, reopen the gate.
  * Both replies list the arena placements ("blobs": handle, va, size, device,
- * host address); whole-process migration saves them from there (gpu_image.py)
- * and takes the arena out of the address space around the CRIU dump
- * (arena_detach / arena_attach, arena.c). */
+ * host address), the checkpoint reply also the UUIDs of the GPUs the process
+ * sees ("device_uuids", by ordinal); whole-process migration saves them from
+ * there (gpu_image.py) and takes the arena out of the address space around the
+ * CRIU dump (arena_detach / arena_attach, arena.c). */
 #include <errno.h>
 #include <stdio.h>
 #include <pthread.h>
@@ -328,6 +329,32 @@ static void put_blobs(struct jbuf *out)
     jb_end(out);
 }
 
+/* The UUIDs of the GPUs this process sees, by CUDA ordinal ("0": "GPU-..."). The
+ * image records them so that a restore on another GPU can map each one onto a GPU
+ * of the same model there (the driver's gpuPairs): the ordinals stay, so nothing
+ * the shim keeps (allocation properties, contexts, streams) names a physical GPU. */
+static void put_device_uuids(struct jbuf *out)
+{
+    int n = 0;
+    if (!D.cuDeviceGetCount || !D.cuDeviceGet || !D.cuDeviceGetUuid_v2 || D.cuDeviceGetCount(&n) != CUDA_SUCCESS)
+        return;
+    jb_key_obj(out, "device_uuids");
+    for (int i = 0; i < n; i++) {
+        CUdevice dev;
+        CUuuid u;
+        if (D.cuDeviceGet(&dev, i) != CUDA_SUCCESS || D.cuDeviceGetUuid_v2(&u, dev) != CUDA_SUCCESS)
+            break;
+        const unsigned char *b = (const unsigned char *)u.bytes;
+        char key[12], text[48];
+        snprintf(key, sizeof key, "%d", i);
+        snprintf(text, sizeof text,
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+                 b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        jb_str(out, key, text);
+    }
+    jb_end(out);
+}
+
 static void clear_copy_state(struct gpucr_phys *p, void *arg)
 {
     (void)arg;
@@ -520,6 +547,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_u64(out, "driver_path_bytes", gpucr_set_sum(SET_ASYNC));
     if (rc != CUDA_SUCCESS)
         jb_str(out, "warning", cu_name(rc));
+    put_device_uuids(out);
     put_blobs(out);
     jb_end(out);
 }

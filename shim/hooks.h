@@ -37,7 +37,8 @@ typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuu
     X(cuIpcCloseMemHandle) X(cuMemPoolExportToShareableHandle)                  \
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer)             \
     X(cuMemPoolImportPointer) X(cuGetProcAddress_v2) X(cuEventCreate)          \
-    X(cuEventRecord) X(cuEventSynchronize) X(cuMemHostAlloc)
+    X(cuEventRecord) X(cuEventSynchronize) X(cuMemHostAlloc) X(cuDeviceGetCount) \
+    X(cuDeviceGet) X(cuDeviceGetUuid_v2)
 
 struct gpucr_driver {
 #define GPUCR_FIELD(fn) __typeof__(&fn) fn;

@@ -240,3 +240,65 @@ def test_failed_criu_restore_leaves_image_untouched(tmp_path):
                   env={"TMPDIR": str(tmp_path)})  # CRIU's kept log lands here, not in /tmp
     assert str(tmp_path) in err
     assert stat.S_IMODE(img.stat().st_mode) == mode
+
+
+# -- restore onto other GPUs: refused before anything is touched ------------------------
+
+H100 = "NVIDIA H100 80GB HBM3"
+FAKE_SMI = """#!{python}
+# nvidia-smi --query-gpu=FIELDS for this test's GPUs (the node's real ones do not matter)
+import sys
+gpus = {gpus!r}
+fields = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--query-gpu=")).split(",")
+for g in gpus:
+    print(", ".join(g[f] for f in fields))
+"""
+
+
+def _gpu_node(tmp_path, *gpus):
+    """A PATH whose nvidia-smi lists gpus: (model, uuid, free MiB) each."""
+    import sys
+    rows = [{"index": str(i), "name": m, "uuid": u, "memory.free": str(free), "driver_version": "580.159.04"}
+            for i, (m, u, free) in enumerate(gpus)]
+    d = tmp_path / "fake-bin"
+    d.mkdir()
+    (d / "nvidia-smi").write_text(FAKE_SMI.format(python=sys.executable, gpus=rows))
+    (d / "nvidia-smi").chmod(0o755)
+    return {"PATH": f"{d}:{os.environ['PATH']}"}
+
+
+def _as_gpu_image(image, uuid, nbytes):
+    """The image as if its process had run on GPU `uuid` with nbytes of GPU data."""
+    m = json.loads((image / "manifest.json").read_text())
+    rec = {"pid": m["process"]["root_pid"], "shim": False, "cuda": True, "h5": None, "bytes": 0,
+           "socket": None, "gpu_uuids": [uuid], "gpu_bytes": [nbytes]}
+    _recommit(image, vendor="nvidia", gpu_bytes=nbytes, gpu_processes=[rec],
+              gpu={"model": H100, "models": [H100], "uuids": [uuid], "driver_version": "580.159.04"})
+
+
+def test_no_gpu_with_room_refused(image, tmp_path):
+    _as_gpu_image(image, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 40 << 30)
+    env = _gpu_node(tmp_path, (H100, "GPU-bbbbbbbb-0000-0000-0000-000000000000", 10240),
+                    (H100, "GPU-cccccccc-0000-0000-0000-000000000000", 20480))
+    err = refused(["restore", "--from", str(image)], image, "no GPU here to restore the image's", env=env)
+    assert "is not on this node" in err and "GPU 1 with 20.0 GiB free" in err
+
+
+def test_forced_gpu_of_another_model_refused(image, tmp_path):
+    _as_gpu_image(image, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 1 << 30)
+    env = _gpu_node(tmp_path, (H100, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 81000),
+                    ("NVIDIA H200", "GPU-cccccccc-0000-0000-0000-000000000000", 139000))
+    refused(["restore", "--from", str(image), "--gpu", "1"], image, "--gpu 1 is a NVIDIA H200", env=env)
+
+
+def test_gpu_option_on_a_cpu_image_refused(image):
+    refused(["restore", "--from", str(image), "--gpu", "0"], image, "holds no GPU state")
+
+
+@pytest.mark.parametrize("args,expect", [
+    (["--pid", "1", "--gpu", "0"], "--gpu applies to restore --from DIR only"),
+    (["--from", "/nonexistent", "--gpu", "0,,1"], "bad --gpu"),
+])
+def test_gpu_option_misuse_refused(args, expect):
+    r = cli("restore", *args)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and expect in r.stderr, r.stderr

@@ -1,0 +1,258 @@
+"""Restore onto other GPUs (issue 6, item 2): which GPU each GPU of an image goes to.
+
+No GPU needed: the node's GPUs are given as lists (models, UUIDs, free memory) to
+the real planning code (gpu_remap, migrate_gpu.plan_restore), CUDA_VISIBLE_DEVICES
+is parsed as CUDA does (gpu_inventory), the GPU pairs are laid out in the driver's
+struct when cuda-bindings is installed. The GPU run is tests/test_gpu_remap_gpu.py.
+"""
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+
+from gpucr_hpc import gpu_inventory, gpu_remap, migrate_gpu
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.gpu_inventory import Gpu
+from gpucr_hpc.gpu_remap import ImageGpu
+
+GiB = 1 << 30
+H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+
+
+def uuid(n: int) -> str:
+    return f"GPU-{n:08x}-0000-0000-0000-{n:012x}"
+
+
+def node(*gpus) -> list[Gpu]:
+    """node((model, free GiB), ...): GPU i has index i and uuid(100 + i)."""
+    return [Gpu(index=i, uuid=uuid(100 + i), model=m, free=int(f * GiB)) for i, (m, f) in enumerate(gpus)]
+
+
+def started_with(env: dict) -> subprocess.Popen:
+    """A process with environment env, once it runs (before exec, /proc shows ours)."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys; print('ready', flush=True); sys.stdin.read()"],
+                         env={"PATH": "/usr/bin:/bin", **env}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def stop(p: subprocess.Popen) -> None:
+    p.stdin.close()
+    p.wait()
+
+
+def one_line(e: GpucrError) -> str:
+    text = e.one_line()
+    assert "\n" not in text and e.cause and e.fix, text
+    return text
+
+
+# -- CUDA_VISIBLE_DEVICES, as CUDA reads it ------------------------------------------
+
+def test_parse_smi_rows():
+    text = "0, GPU-aa, NVIDIA H100 80GB HBM3, 81000\n1, GPU-bb, NVIDIA H100 80GB HBM3, [N/A]\n\n"
+    assert gpu_inventory.parse_smi(text) == [Gpu(0, "GPU-aa", H100, 81000 << 20)]
+
+
+def test_visible_devices():
+    here = node((H100, 80), (H100, 80), (H100, 80))
+    vis = gpu_inventory.visible
+    assert vis(None, here) == here
+    assert vis("", here) == []
+    assert vis("-1", here) == []
+    assert vis("2,0", here) == [here[2], here[0]]
+    assert vis(f"{uuid(101)[:12]},0", here) == [here[1], here[0]]   # a unique UUID prefix
+    assert vis("1,7,0", here) == [here[1]]        # CUDA stops at the first bad entry
+    assert vis("1,1,0", here) == [here[1]]        # ... and at a repeated one
+    assert vis("GPU-0000,1", here) == []          # a prefix of several GPUs names none
+    assert vis("MIG-abc", here) == []
+
+
+def test_process_gpus_from_its_environment():
+    here = node((H100, 80), (H100, 80))
+    for env, want in (({"CUDA_VISIBLE_DEVICES": "1"}, [here[1]]), ({}, here)):
+        p = started_with(env)
+        try:
+            assert gpu_inventory.process_gpus(p.pid, here) == want
+        finally:
+            stop(p)
+
+
+# -- what an image records ----------------------------------------------------------------
+
+def test_image_gpus_each_once_with_the_data_of_every_process():
+    m = {"gpu": {"model": H100, "models": [H100, H200], "uuids": [uuid(1), uuid(2)]},
+         "gpu_processes": [
+             {"pid": 10, "cuda": True, "gpu_uuids": [uuid(2), uuid(1)], "gpu_bytes": [5 * GiB, 1 * GiB]},
+             {"pid": 11, "cuda": False},
+             {"pid": 12, "cuda": True, "gpu_uuids": [uuid(1)], "gpu_bytes": [2 * GiB]}]}
+    assert gpu_remap.image_gpus(m) == [ImageGpu(uuid(2), H200, 5 * GiB), ImageGpu(uuid(1), H100, 3 * GiB)]
+
+
+def test_old_image_has_no_gpu_list():
+    m = {"gpu": {"model": H100}, "gpu_processes": [{"pid": 10, "cuda": True, "h5": "process-10.h5"}]}
+    assert gpu_remap.image_gpus(m) is None
+    with pytest.raises(GpucrError, match="does not record the GPUs") as e:
+        migrate_gpu.plan_restore(m, ["1"], here=node((H100, 80)), env={})
+    assert "without --gpu" in one_line(e.value)
+    assert migrate_gpu.plan_restore(m, None, here=node((H100, 80)), env={}) is None
+
+
+# -- the plan -----------------------------------------------------------------------------
+
+def test_all_here_with_room_stays_put():
+    here = node((H100, 10), (H100, 70))
+    p = gpu_remap.plan([ImageGpu(uuid(100), H100, 8 * GiB)], here)
+    assert not p.moves and p.targets == {uuid(100): here[0]}
+    assert p.pairs([uuid(100)]) is None
+
+
+def test_missing_gpu_goes_to_the_free_one_of_its_model_with_most_memory():
+    here = node((H200, 139), (H100, 20), (H100, 60), (H100, 60))
+    p = gpu_remap.plan([ImageGpu(uuid(1), H100, 8 * GiB)], here)
+    assert p.moves and p.targets[uuid(1)] == here[2]   # H200 not taken; on a tie the lower index
+    assert p.pairs([uuid(1)]) == [(uuid(1), uuid(102))]
+
+
+def test_gpus_still_here_keep_themselves_and_are_not_taken():
+    here = node((H100, 30), (H100, 70), (H100, 50))
+    image = [ImageGpu(uuid(100), H100, GiB), ImageGpu(uuid(7), H100, GiB)]
+    p = gpu_remap.plan(image, here)
+    assert p.targets == {uuid(100): here[0], uuid(7): here[1]}
+    # a process seeing both gets a pair for each, the one that stays included
+    assert p.pairs([uuid(100), uuid(7)]) == [(uuid(100), uuid(100)), (uuid(7), uuid(101))]
+    assert p.pairs([uuid(100)]) is None   # a process on the staying GPU alone is not remapped
+
+
+def test_largest_need_is_placed_first():
+    here = node((H100, 12), (H100, 30))
+    image = [ImageGpu(uuid(1), H100, 10 * GiB), ImageGpu(uuid(2), H100, 25 * GiB)]
+    p = gpu_remap.plan(image, here)
+    assert p.targets == {uuid(1): here[0], uuid(2): here[1]}
+
+
+def test_present_but_full_gpu_moves():
+    here = node((H100, 2), (H100, 40))
+    p = gpu_remap.plan([ImageGpu(uuid(100), H100, 8 * GiB)], here)
+    assert p.targets[uuid(100)] == here[1]
+
+
+def test_fresh_placement_when_keeping_leaves_no_room():
+    # GPU 100 is here with room for its 1 GiB, but the missing 30 GiB one fits only there
+    here = node((H100, 40), (H100, 5))
+    image = [ImageGpu(uuid(100), H100, GiB), ImageGpu(uuid(9), H100, 30 * GiB)]
+    p = gpu_remap.plan(image, here)
+    assert p.targets == {uuid(9): here[0], uuid(100): here[1]}
+
+
+def test_only_usable_gpus_are_taken():
+    """A Slurm step's CUDA_VISIBLE_DEVICES: GPU 0 belongs to another job now."""
+    here = node((H100, 70), (H100, 70))
+    image = [ImageGpu(uuid(100), H100, GiB)]
+    p = migrate_gpu.plan_restore({"gpu": {"model": H100, "models": [H100], "uuids": [uuid(100)]},
+                                  "gpu_processes": [{"pid": 5, "cuda": True, "gpu_uuids": [uuid(100)],
+                                                     "gpu_bytes": [GiB]}]},
+                                 here=here, env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert p.targets == {uuid(100): here[1]}
+    assert not migrate_gpu.plan_restore(
+        {"gpu_processes": [{"pid": 5, "cuda": True, "gpu_uuids": [uuid(100)], "gpu_bytes": [GiB]}],
+         "gpu": {"model": H100}}, here=here, env={}).moves
+    with pytest.raises(GpucrError, match="not usable by this restore"):
+        gpu_remap.plan(image, here, usable=[])
+
+
+def test_refused_without_a_gpu_of_that_model_with_room():
+    here = node((H200, 139), (H100, 5))
+    with pytest.raises(GpucrError) as e:
+        gpu_remap.plan([ImageGpu(uuid(1), H100, 8 * GiB)], here)
+    text = one_line(e.value)
+    assert f"restore the image's {H100} {uuid(1)}" in text and "is not on this node" in text
+    assert "GPU 1 with 5.0 GiB free" in text and "--gpu" in text
+
+
+def test_refused_when_the_other_gpus_of_the_image_took_them():
+    here = node((H100, 70), (H100, 70))
+    image = [ImageGpu(uuid(1), H100, GiB), ImageGpu(uuid(2), H100, GiB), ImageGpu(uuid(3), H100, GiB)]
+    with pytest.raises(GpucrError, match="the image needs 3 NVIDIA H100 80GB HBM3s with room"):
+        gpu_remap.plan(image, here)
+
+
+# -- --gpu --------------------------------------------------------------------------------
+
+def test_forced_targets_by_index_uuid_and_prefix():
+    here = node((H100, 70), (H100, 70), (H100, 70))
+    image = [ImageGpu(uuid(100), H100, GiB), ImageGpu(uuid(101), H100, GiB)]
+    p = gpu_remap.plan(image, here, force=["2", uuid(100)[:13]])
+    assert p.targets == {uuid(100): here[2], uuid(101): here[0]}
+    assert gpu_remap.plan(image, here, force=["0", "1"]).moves is False
+    # --gpu may name a GPU the restore's CUDA_VISIBLE_DEVICES leaves out
+    assert gpu_remap.plan(image[:1], here, usable=[], force=["1"]).targets[uuid(100)] == here[1]
+
+
+@pytest.mark.parametrize("force,expect", [
+    (["1"], "--gpu names 1 GPU, the image has 2"),
+    (["1", "1"], "names GPU 1 (GPU-00000065-0000-0000-0000-000000000065) twice"),
+    (["0", "5"], "--gpu 5 names no GPU of this node"),
+    (["0", "GPU-0000"], "--gpu GPU-0000 names several GPUs"),
+    (["0", "h100"], "--gpu h100 names no GPU"),
+    (["0", "3"], f"--gpu 3 is a {H200}"),
+    (["0", "2"], "--gpu 2 has 1.0 GiB free, the image holds 4.0 GiB"),
+])
+def test_forced_targets_refused(force, expect):
+    here = node((H100, 70), (H100, 70), (H100, 1), (H200, 139))
+    image = [ImageGpu(uuid(1), H100, 4 * GiB), ImageGpu(uuid(2), H100, 4 * GiB)]
+    with pytest.raises(GpucrError) as e:
+        gpu_remap.plan(image, here, force=force)
+    assert expect in one_line(e.value)
+
+
+# -- what the report and the driver get ----------------------------------------------------
+
+def test_placement_report():
+    here = node((H100, 70), (H100, 70))
+    m = {"gpu": {"model": H100},
+         "gpu_processes": [{"pid": 10, "cuda": True, "gpu_uuids": [uuid(100)], "gpu_bytes": [GiB]},
+                           {"pid": 11, "cuda": False}]}
+    p = migrate_gpu.plan_restore(m, ["1"], here=here, env={})
+    assert migrate_gpu.placement(m, p, {10: 4321, 11: 4322}) == [
+        {"pid": 4321, "image_pid": 10,
+         "gpus": [{"ordinal": 0, "image_uuid": uuid(100), "uuid": uuid(101), "index": 1, "moved": True}]}]
+    old = {"gpu_processes": [{"pid": 10, "cuda": True, "h5": None}]}
+    assert migrate_gpu.placement(old, None, {10: 4321}) == [{"pid": 4321, "image_pid": 10, "gpus": []}]
+
+
+def test_checkpoint_records_the_shims_gpus_else_the_environment():
+    gc = migrate_gpu.GpuCheckpoint.__new__(migrate_gpu.GpuCheckpoint)
+    gc._node = node((H100, 70), (H100, 70))
+    told = {str(i): uuid(i) for i in range(11)}   # ordinals sort as numbers, not text
+    assert gc._gpu_uuids(1, {"device_uuids": told}) == [uuid(i) for i in range(11)]
+    p = started_with({"CUDA_VISIBLE_DEVICES": "1,0"})
+    try:
+        assert gc._gpu_uuids(p.pid, {}) == [uuid(101), uuid(100)]
+    finally:
+        stop(p)
+    assert gc._gpu_uuids(2**22 + 12345, {}) == []   # no such process: not recorded
+
+
+def test_driver_restore_args_hold_the_pairs():
+    """The struct cuCheckpointProcessRestore reads: pointer, count, zeroed rest; each pair
+    the 16 bytes of the old UUID, then the new one (cuda-bindings >= 13.3.1)."""
+    cu = pytest.importorskip("cuda.bindings.driver")
+    if not hasattr(cu, "CUcheckpointRestoreArgs"):
+        pytest.skip("this cuda-bindings lacks CUcheckpointRestoreArgs")
+    from gpucr_hpc.driver_nvidia import NvidiaDriver, uuid_bytes
+
+    drv = NvidiaDriver.__new__(NvidiaDriver)   # the struct needs no GPU, cuInit is not called
+    drv.cu = cu
+    a, b = "GPU-8ca2b0a5-1111-2222-3333-444455556666", "GPU-00112233-4455-6677-8899-aabbccddeeff"
+    args = drv.restore_args([(a, b), (b, a)])
+    raw = ctypes.string_at(args.getPtr(), 64)
+    ptr, count = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:12], "little")
+    assert count == 2 and raw[12:] == bytes(52)
+    assert ctypes.string_at(ptr, 64) == uuid_bytes(a) + uuid_bytes(b) + uuid_bytes(b) + uuid_bytes(a)
+    with pytest.raises(ValueError):
+        uuid_bytes("GPU-1234")
