@@ -14,13 +14,18 @@ At restore (`plan`):
 Anything else is a GpucrError with cause and fix, raised before anything changed.
 
 The driver (cuCheckpointProcessRestore with gpuPairs) then gets, for each process
-that moves, one (old UUID, new UUID) pair per GPU that process sees: every one
-must be mapped. CUDA ordinals stay as they were, only the physical GPUs change.
+that moves, a pair (old UUID, new UUID) for every GPU of the node it was
+checkpointed on, not only those the process sees: measured on two H200s, a
+process with CUDA_VISIBLE_DEVICES=0 restored with the one pair (0 -> 1) fails
+with CUDA_ERROR_INVALID_VALUE, and with (0 -> 1, 1 -> 0) it runs on GPU 1
+(bench/probe/remap_probe.py). The GPUs the process does not see keep their own
+UUID where it is here and free, else take a GPU nothing else takes. CUDA
+ordinals stay as they were, only the physical GPUs change.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.gpu_inventory import Gpu
@@ -36,15 +41,30 @@ class ImageGpu:
 @dataclass
 class Plan:
     targets: dict[str, Gpu]   # image UUID -> GPU here
+    node_then: list[str] = field(default_factory=list)   # every GPU of the checkpoint's node
+    node_here: list[str] = field(default_factory=list)   # every GPU of this node
 
     @property
     def moves(self) -> bool:
         return any(old != new.uuid for old, new in self.targets.items())
 
     def pairs(self, uuids: list[str]) -> list[tuple[str, str]] | None:
-        """The driver's gpuPairs for a process that sees `uuids`; None when it stays put."""
+        """The driver's gpuPairs for a process that sees `uuids`, completed over every GPU
+        of the checkpoint's node onto this node's; None when the process stays put."""
+        node_then, node_here = self.node_then, self.node_here
         pairs = [(u, self.targets[u].uuid) for u in uuids]
-        return pairs if any(old != new for old, new in pairs) else None
+        if all(old == new for old, new in pairs):
+            return None
+        mapped, taken = {old for old, _ in pairs}, {new for _, new in pairs}
+        rest = [u for u in node_then if u not in mapped]
+        for u in [u for u in rest if u in node_here and u not in taken]:
+            pairs.append((u, u))
+            mapped.add(u)
+            taken.add(u)
+        free = [u for u in node_here if u not in taken]
+        for u, new in zip([u for u in rest if u not in mapped], free):
+            pairs.append((u, new))
+        return pairs
 
 
 def _gib(n: int) -> str:

@@ -222,7 +222,10 @@ def plan_restore(m: dict, force: list[str] | None = None, here: list | None = No
     here = gpu_inventory.node_gpus() if here is None else here
     env = os.environ if env is None else env
     usable = gpu_inventory.visible(env.get("CUDA_VISIBLE_DEVICES"), here)
-    return gpu_remap.plan(wanted, here, usable, force)
+    p = gpu_remap.plan(wanted, here, usable, force)
+    p.node_then = list((m.get("gpu") or {}).get("uuids") or [])
+    p.node_here = [g.uuid for g in here]
+    return p
 
 
 def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> list[dict]:

@@ -128,6 +128,32 @@ def test_gpus_still_here_keep_themselves_and_are_not_taken():
     assert p.pairs([uuid(100)]) is None   # a process on the staying GPU alone is not remapped
 
 
+def test_pairs_cover_every_gpu_of_the_checkpoint_node():
+    """The driver wants a pair for every GPU of the node the process was checkpointed
+    on, not only the ones it sees (CUDA_VISIBLE_DEVICES=0 with the one pair 0 -> 1:
+    CUDA_ERROR_INVALID_VALUE on two H200s)."""
+    u0, u1, u2 = uuid(100), uuid(101), uuid(102)
+    p = gpu_remap.Plan({u0: node((H100, 80), (H100, 80))[1]}, node_then=[u0, u1], node_here=[u0, u1])
+    assert p.pairs([u0]) == [(u0, u1), (u1, u0)]
+    # a GPU the process does not see keeps its own UUID when free here
+    p = gpu_remap.Plan({u0: node((H100, 1), (H100, 1), (H100, 80))[2]}, node_then=[u0, u1, u2],
+                       node_here=[u0, u1, u2])
+    assert p.pairs([u0]) == [(u0, u2), (u1, u1), (u2, u0)]
+    # another node: the rest in order onto the GPUs left here
+    a, b, x, y = uuid(1), uuid(2), uuid(200), uuid(201)
+    p = gpu_remap.Plan({b: node((H100, 80))[0]}, node_then=[a, b], node_here=[uuid(100), y])
+    assert p.pairs([b]) == [(b, uuid(100)), (a, y)]
+    assert x not in {n for _, n in p.pairs([b])}
+
+
+def test_plan_restore_knows_both_nodes():
+    here = node((H100, 80), (H100, 80))
+    m = {"gpu": {"model": H100, "uuids": [uuid(100), uuid(101)], "models": [H100, H100]},
+         "gpu_processes": [{"pid": 10, "cuda": True, "gpu_uuids": [uuid(100)], "gpu_bytes": [GiB]}]}
+    p = migrate_gpu.plan_restore(m, ["1"], here=here, env={})
+    assert p.pairs([uuid(100)]) == [(uuid(100), uuid(101)), (uuid(101), uuid(100))]
+
+
 def test_largest_need_is_placed_first():
     here = node((H100, 12), (H100, 30))
     image = [ImageGpu(uuid(1), H100, 10 * GiB), ImageGpu(uuid(2), H100, 25 * GiB)]
