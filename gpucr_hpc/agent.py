@@ -69,7 +69,7 @@ def stdio_of(pid: int) -> dict[str, str]:
     return out
 
 
-def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str]) -> dict:
+def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], hold_gpu: bool = False) -> dict:
     tree = criu_mod.process_tree(unit.pid)
     foreign = foreign_connections(tree)
     if foreign:
@@ -77,7 +77,7 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str]) -> dict:
                          f"({foreign[0]})",
                          "ranks connected to other nodes (MPI, NCCL, gloo over TCP) cannot be "
                          "migrated; the job keeps running")
-    rep = migrate.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True)
+    rep = migrate.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, hold_gpu=hold_gpu)
     saved = {}
     if unit.name == "batch":
         m = mf.load(gen_dir / unit.name)
@@ -87,11 +87,27 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str]) -> dict:
                 rel = f"output/{i}"
                 save_output(path, sizes[path], gen_dir / rel)
                 saved[path] = {"file": rel, "size": sizes[path]}
-    return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"],
+    return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"], "gpu_held": rep["gpu_held"],
             "saved_output": saved, "stdio": stdio_of(unit.pid)}
 
 
-def prepare(job: dict, gen_dir: Path) -> dict:
+def resume_held(gen_dir: Path, units: list[dict]) -> list[str]:
+    """The GPU state back into this node's units that a checkpoint left holding none
+    (a preemption whose vote or requeue failed): the job runs on. Errors, one line each."""
+    from gpucr_hpc import migrate_gpu
+
+    errors = []
+    for u in units:
+        if not u.get("gpu_held"):
+            continue
+        try:
+            migrate_gpu.resume_held(gen_dir / u["name"])
+        except GpucrError as e:
+            errors.append(f"{u['name']} on {u['node']}: giving its GPU state back failed: {e.one_line()}")
+    return errors
+
+
+def prepare(job: dict, gen_dir: Path, hold_gpu: bool = False) -> dict:
     site = load_site()
     node = node_name()
     run_dir = site.job_run_dir(job["id"], node)
@@ -100,7 +116,7 @@ def prepare(job: dict, gen_dir: Path) -> dict:
     t0 = time.monotonic()
     outputs = [job.get("std_out", ""), job.get("std_err", "")]
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
-        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs) for u in units]
+        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, hold_gpu) for u in units]
         done, errors = [], []
         for f in futures:
             try:
@@ -163,7 +179,7 @@ def run_checkpoint(args) -> int:
     job = json.loads(args.job_json)
     gen_dir = Path(args.gen_dir)
     try:
-        rep = prepare(job, gen_dir)
+        rep = prepare(job, gen_dir, hold_gpu=args.hold_gpu)
     except GpucrError as e:
         rep = {"node": node_name(), "ok": False, "units": [], "errors": [e.one_line()],
                "prepare_s": 0.0}
@@ -181,8 +197,11 @@ def run_checkpoint(args) -> int:
             except (GpucrError, OSError) as e:
                 reports[0]["errors"].append(f"commit failed: {e}")
     committed = comm.bcast(committed, root=0)
-    if not committed and comm.rank == 0:
-        job_images.discard(gen_dir)  # the processes never stopped: nothing else to undo
+    if not committed:
+        rep["errors"] += resume_held(gen_dir, rep["units"])  # before the .h5 files go
+        comm.allreduce(1, op=MIN)
+        if comm.rank == 0:
+            job_images.discard(gen_dir)  # the processes never stopped: nothing else to undo
     if comm.rank == 0:
         errors = [e for r in reports for e in r["errors"]]
         print(json.dumps({"result": {
@@ -244,6 +263,30 @@ def run_reclaim(args) -> int:
     return 0
 
 
+def run_resume_held(args) -> int:
+    """After a failed requeue: every node's held units get their GPU state back."""
+    comm, MIN = world()
+    t0 = time.monotonic()
+    gen_dir = Path(args.gen_dir)
+    node = node_name()
+    try:
+        units = [u for u in mf.load(gen_dir)["units"].values() if u.get("node") == node]
+    except GpucrError as e:
+        units, early = [], [f"{node}: {e.one_line()}"]
+    else:
+        early = []
+    mine = [u for u in units if u.get("gpu_held")]
+    errors = early + resume_held(gen_dir, mine)
+    rep = {"node": node, "ok": not errors, "errors": errors, "seconds": time.monotonic() - t0,
+           "units": [{"unit": u["name"], "bytes": u.get("bytes", 0), "gpu_processes": 1} for u in mine]}
+    print(json.dumps({"node_report": rep}), flush=True)
+    reports = comm.gather(rep, root=0)
+    ok = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
+    if comm.rank == 0:
+        print(json.dumps({"result": _in_place_result(reports, bool(ok))}), flush=True)
+    return 0
+
+
 def _in_place_result(reports: list[dict], ok: bool) -> dict:
     units = [u for r in reports for u in r["units"]]
     return {"ok": ok, "errors": [e for r in reports for e in r["errors"]],
@@ -259,10 +302,15 @@ def main(argv=None) -> int:
     c = sub.add_parser("checkpoint")
     c.add_argument("--job-json", required=True)
     c.add_argument("--gen-dir", required=True)
+    c.add_argument("--hold-gpu", action="store_true", help="leave the GPU handed back (preempt)")
     for name in ("yield", "reclaim"):
         sub.add_parser(name).add_argument("--job-json", required=True)
+    r = sub.add_parser("resume-held")
+    r.add_argument("--job-json", required=True)
+    r.add_argument("--gen-dir", required=True)
     args = p.parse_args(argv)
-    return {"checkpoint": run_checkpoint, "yield": run_yield, "reclaim": run_reclaim}[args.cmd](args)
+    return {"checkpoint": run_checkpoint, "yield": run_yield, "reclaim": run_reclaim,
+            "resume-held": run_resume_held}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -69,16 +69,22 @@ def _running_job(jobid: str, verb: str) -> slurm.Job:
     return job
 
 
-def checkpoint(jobid: str) -> dict:
+def checkpoint(jobid: str, hold_gpu: bool = False, job: slurm.Job | None = None) -> dict:
+    """Checkpoint every unit of a running job into a new generation; the job runs on.
+    hold_gpu (preempt): its GPU memory stays handed back, for the requeue that follows."""
     t0 = time.monotonic()
     site = load_site()
     require_plugin(site)
-    job = _running_job(jobid, "checkpointed")
+    job = job or _running_job(jobid, "checkpointed")
     gen_dir = job_images.new_generation(site.job_image_dir(job.id), job.uid)
-    result, reports, why = launch_agents(job, ["checkpoint", "--gen-dir", str(gen_dir)])
+    args = ["checkpoint", "--gen-dir", str(gen_dir)] + ["--hold-gpu"] * hold_gpu
+    try:
+        result, reports, why = launch_agents(job, args)
+    except GpucrError:
+        _discard_uncommitted(gen_dir)
+        raise
     if result is None:
-        if gen_dir.exists() and not (gen_dir / mf.COMMITTED).exists():
-            job_images.discard(gen_dir)
+        _discard_uncommitted(gen_dir)
         raise GpucrError(f"checkpoint of job {jobid} aborted: the node agents failed ({why})",
                          "the job was left running; see the slurmd logs of its nodes")
     result["total_s"] = time.monotonic() - t0
@@ -87,6 +93,11 @@ def checkpoint(jobid: str) -> dict:
         raise GpucrError(f"checkpoint of job {jobid} aborted: {'; '.join(result['errors'])}",
                          "the job was left running and the previous checkpoint is intact")
     return result
+
+
+def _discard_uncommitted(gen_dir) -> None:
+    if gen_dir.exists() and not (gen_dir / mf.COMMITTED).exists():
+        job_images.discard(gen_dir)
 
 
 def _in_place(job: slurm.Job, action: str) -> dict:
@@ -135,10 +146,25 @@ def resume(jobid: str) -> dict:
 
 
 def preempt(jobid: str) -> dict:
-    """Checkpoint, then requeue: the job restarts from this checkpoint."""
-    result = checkpoint(jobid)
+    """Checkpoint, then requeue: the job restarts from this checkpoint. Its GPU memory
+    is handed back at the checkpoint and stays so until the requeue ends the job; if
+    the requeue fails, the GPU state goes back and the job runs on."""
+    job = _running_job(jobid, "preempted")
+    if not job.requeue:
+        raise GpucrError(f"job {jobid} cannot be requeued (submitted with --no-requeue)",
+                         f"checkpoint it instead (gpucr-hpc checkpoint {jobid}), or let it be "
+                         f"requeued: scontrol update JobId={jobid} Requeue=1")
+    result = checkpoint(jobid, hold_gpu=True, job=job)
     t = time.monotonic()
-    slurm.requeue(jobid)
+    try:
+        slurm.requeue(jobid)
+    except GpucrError as e:
+        back, _, why = launch_agents(job, ["resume-held", "--gen-dir", result["image"]])
+        state = ("the job runs on with its GPU state" if back and back["ok"] else
+                 f"its GPU state did not come back ({'; '.join(back['errors']) if back else why})")
+        raise GpucrError(f"requeue of job {jobid} failed ({e.cause}); checkpoint {result['generation']} "
+                         f"is committed and {state}",
+                         f"see `scontrol show job {jobid}`; restore it later with gpucr-hpc restore {jobid}")
     result["requeue_s"] = time.monotonic() - t
     return result
 

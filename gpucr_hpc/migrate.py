@@ -132,7 +132,12 @@ def _stage_root(need: int) -> Path | None:
 
 # -- checkpoint -----------------------------------------------------------------
 
-def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) -> dict:
+def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
+                  hold_gpu: bool = False) -> dict:
+    """Image of the tree of `pid` in to_dir. leave_running: the tree runs on, its GPU
+    state brought back; with hold_gpu it runs on without it (VRAM stays handed back,
+    its GPU calls wait) until it is ended, or `migrate_gpu.resume_held` brings it back:
+    a preemption frees the GPU now, not after the requeue."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     criu = criu_mod.find_criu()
@@ -189,7 +194,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
         shutil.rmtree(work, ignore_errors=True)
         # 4. Drain: persist GPU buffers and CRIU files with checksums.
         t = time.monotonic()
-        if gpu is not None and leave_running:
+        if gpu is not None and leave_running and not hold_gpu:
             timings["gpu_resume_s"] = gpu.resume()["resume_s"]  # the original runs on, on its GPU
             gpu_active = False
         for rel, size, digests in (gpu.h5_files if gpu else []):
@@ -207,6 +212,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
             **m.get("process", {}),
             "root_pid": pid, "pids": tree, "uid": uid, "cmdline": _cmdline(pid),
             "shell_job": shell_job, "shimmed": shimmed, "leave_running": leave_running,
+            "gpu_held": bool(gpu_active and leave_running),
         }
         m["criu"] = {"version": criu.version_str, "bytes": criu_bytes}
         m["gpu_bytes"] = gpu.bytes if gpu else 0
@@ -216,7 +222,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
         writer.commit()
         timings["commit_s"] = time.monotonic() - t
     except BaseException as e:
-        if gpu_active and not dumped:
+        if gpu_active and (not dumped or leave_running):
             gpu.resume()  # the tree runs on as before (needs the .h5 files: before they go)
         if not dumped:
             if created:
@@ -235,7 +241,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False) 
     total = m["total_bytes"]
     return {"image": str(to_dir), "pid": pid, "pids": tree, "bytes": total,
             "gpu_bytes": m["gpu_bytes"], "criu_bytes": m["criu"]["bytes"],
-            "leave_running": leave_running, "staged": stage is not None,
+            "leave_running": leave_running, "gpu_held": m["process"]["gpu_held"], "staged": stage is not None,
             "persist_MBps": total / timings["persist_s"] / 1e6 if timings["persist_s"] else None,
             "timings": timings}
 

@@ -41,7 +41,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from gpucr_hpc import criu as criu_mod
 from gpucr_hpc import gpu_image, gpu_inventory, gpu_remap, image_store, process_cr
+from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.shim_client import ShimClient, socket_path
 
@@ -184,6 +186,17 @@ def _refill(rec: dict, pid: int, image_dir: Path) -> dict:
                          "restore from an intact copy of the image")
     rep["attach_s"] = r.get("attach_s", 0.0)
     return rep
+
+
+def resume_held(image_dir: Path) -> dict:
+    """Bring the GPU state back into a tree that a checkpoint left running with its
+    GPU held (migrate.checkpoint_to hold_gpu): its processes are the image's own."""
+    m = mf.load(image_dir)
+    pids = [r["pid"] for r in m.get("gpu_processes") or []]
+    gone = [p for p in pids if not criu_mod.is_alive(p)]
+    if gone:
+        raise GpucrError(f"process {gone[0]} of {image_dir} is gone", "restore the job from its image instead")
+    return restore_gpu(m, image_dir, {p: p for p in pids})
 
 
 # -- restore ----------------------------------------------------------------------

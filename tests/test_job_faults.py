@@ -2,7 +2,9 @@
 
 * a node agent killed in the middle of a checkpoint: aborted, the job runs on;
 * the image store full: aborted, the previous generation intact, the job runs on;
-* a rank's image missing at restore: the job is held with the reason, the image untouched.
+* a rank's image missing at restore: the job is held with the reason, the image untouched;
+* a preempt whose requeue fails: the checkpoint is committed, the job runs on;
+* a preempt of a job that cannot be requeued: refused before anything happens.
 """
 
 import os
@@ -20,7 +22,7 @@ from gpucr_hpc.image_store import tree_digest  # noqa: E402
 from job_helpers import gpucr, numbers, wait_for, workdir  # noqa: E402,F401
 
 
-def start_counting_job(cluster, workdir, ntasks=1, steps=100000):
+def start_counting_job(cluster, workdir, ntasks=1, steps=100000, extra=()):
     script = workdir / "job.sh"
     if ntasks == 1:
         body = f"{sys.executable} {workdir}/counter.py {workdir}/rank-0.txt {steps}"
@@ -29,7 +31,7 @@ def start_counting_job(cluster, workdir, ntasks=1, steps=100000):
                 f"{workdir}/rank-$SLURM_PROCID.txt {steps}'")
     script.write_text(f"#!/bin/bash\n{body}\n")
     jobid = cluster.sbatch(script, "--gpucr=on", "-N1", f"--ntasks={ntasks}",
-                           "-o", str(workdir / "job.out"))
+                           "-o", str(workdir / "job.out"), *extra)
     cluster.wait_state(jobid, "RUNNING")
     logs = [workdir / f"rank-{r}.txt" for r in range(ntasks)]
     wait_for(lambda: all(len(numbers(p)) > 10 for p in logs), what="the job to count")
@@ -67,6 +69,49 @@ def test_agent_killed_mid_checkpoint_aborts_and_job_runs_on(slurm_cluster, workd
         still_counting(slurm_cluster, jobid, logs)
         # And the next checkpoint works.
         assert "gen-" in gpucr(slurm_cluster, "checkpoint", jobid).stdout
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_preempt_of_a_job_that_cannot_be_requeued_is_refused(slurm_cluster, workdir):
+    jobid, logs = start_counting_job(slurm_cluster, workdir, extra=("--no-requeue",))
+    try:
+        r = gpucr(slurm_cluster, "preempt", jobid, check=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1, r.stderr
+        assert "cannot be requeued" in lines[0] and f"gpucr-hpc checkpoint {jobid}" in lines[0]
+        assert not list((slurm_cluster.state / "images" / jobid).glob("gen-*"))
+        still_counting(slurm_cluster, jobid, logs)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_preempt_whose_requeue_fails_commits_and_job_runs_on(slurm_cluster, workdir):
+    """scontrol refuses the requeue (a stand-in first in PATH fails `scontrol requeue`
+    only): the checkpoint stays committed, the agents give back what they held, and
+    the job runs on."""
+    jobid, logs = start_counting_job(slurm_cluster, workdir)
+    real = subprocess.run(["which", "scontrol"], capture_output=True, text=True,
+                          env=slurm_cluster.env).stdout.strip()
+    bindir = workdir / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(f"""#!/bin/sh
+[ "$1" = requeue ] && {{ echo "scontrol: error: Requested operation is presently disabled" >&2; exit 1; }}
+exec {real} "$@"
+""")
+    (bindir / "scontrol").chmod(0o755)
+    env = dict(slurm_cluster.env, PATH=f"{bindir}:{slurm_cluster.env['PATH']}")
+    try:
+        r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "preempt", jobid], env=env,
+                           capture_output=True, text=True, timeout=300)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1, r.stderr
+        assert f"requeue of job {jobid} failed" in lines[0] and "presently disabled" in lines[0], lines[0]
+        assert "gen-1 is committed and the job runs on" in lines[0], lines[0]
+        job_dir = slurm_cluster.state / "images" / jobid
+        assert (job_dir / "LATEST").read_text().strip() == "gen-1"
+        still_counting(slurm_cluster, jobid, logs)
+        assert slurm_cluster.job(jobid)["Restarts"] == "0"
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
 

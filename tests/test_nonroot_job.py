@@ -24,7 +24,10 @@ def jobdir(users, users_tmp):
 
 
 def submit_as(cluster, user, script: Path, *args) -> str:
-    r = as_user(user, "sbatch", "--parsable", *args, str(script), env=cluster.env)
+    """Pinned to one node: the test cluster's nodes have their own run and spool dirs
+    (%n), which an ordinary user's job restored on another node cannot recreate
+    (one line and a held job, see batch_restore; real clusters use one path)."""
+    r = as_user(user, "sbatch", "--parsable", "-w", "n1", *args, str(script), env=cluster.env)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]
 
