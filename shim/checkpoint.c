@@ -684,6 +684,7 @@ void gpucr_cmd_arena_detach(struct jbuf *out)
         snprintf(why, sizeof why, "detaching the arena failed (%s)", strerror(errno));
         return err(out, why);
     }
+    gpucr_staging_release(); /* scratch: not into the process image */
     jb_begin(out);
     jb_bool(out, "ok", 1);
     jb_i64(out, "segments", gpucr_arena_segments());

@@ -121,6 +121,17 @@ CUresult gpucr_staging_setup(void)
     return r;
 }
 
+/* Before the process image is written (arena_detach): the ring's contents are
+ * scratch, yet CRIU would save all of it (1 GiB at 16 threads) into every image.
+ * The next copy allocates it again. Needs a current context. */
+void gpucr_staging_release(void)
+{
+    pthread_mutex_lock(&staging_mu);
+    if (staging && D.cuMemFreeHost(staging) == CUDA_SUCCESS)
+        staging = NULL;
+    pthread_mutex_unlock(&staging_mu);
+}
+
 double gpucr_staging_seconds(void) { return staging_s; }
 size_t gpucr_staging_bytes(void) { return staging ? (size_t)nslots * SLOT : 0; }
 
