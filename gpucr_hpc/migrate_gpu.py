@@ -57,7 +57,7 @@ def _client(pid: int, sock: str) -> ShimClient:
 def _ok(reply: dict, pid: int, what: str) -> dict:
     if not reply.get("ok"):
         raise GpucrError(f"process {pid}: {what} failed: {reply.get('error', 'no reason given')}",
-                         "see the process's stderr (GPUCR_LOG) for details")
+                         "start the program with GPUCR_DEBUG=1 for the shim's diagnostics on its stderr")
     return reply
 
 

@@ -302,3 +302,18 @@ def test_gpu_option_on_a_cpu_image_refused(image):
 def test_gpu_option_misuse_refused(args, expect):
     r = cli("restore", *args)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and expect in r.stderr, r.stderr
+
+
+def test_shim_failure_points_at_the_shims_debug_switch():
+    """A shim's refusal names the variable the shim reads for its diagnostics (shim/log.c)."""
+    from pathlib import Path
+
+    from gpucr_hpc import migrate_gpu
+
+    with pytest.raises(GpucrError) as e:
+        migrate_gpu._ok({"ok": False, "error": "arena_attach: mmap failed"}, 4242, "re-creating the arena")
+    line = e.value.one_line()
+    assert line.startswith("process 4242: re-creating the arena failed: arena_attach: mmap failed; ")
+    assert "GPUCR_DEBUG=1" in line and "GPUCR_LOG" not in line
+    log_c = (Path(__file__).resolve().parent.parent / "shim" / "log.c").read_text()
+    assert 'getenv("GPUCR_DEBUG")' in log_c
