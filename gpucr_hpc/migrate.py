@@ -339,9 +339,7 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     if m.get("gpu_processes"):
         from gpucr_hpc import migrate_gpu
 
-        plan = migrate_gpu.plan_restore(m, gpus)
-        if plan is None:
-            migrate_gpu.check_gpu_memory(m)
+        plan = migrate_gpu.plan_restore(m, gpus)  # and whether the GPUs it goes onto have room
     elif gpus:
         raise GpucrError(f"image {img.path} holds no GPU state, so --gpu has nothing to place",
                          "restore it without --gpu")

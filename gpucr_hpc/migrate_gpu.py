@@ -36,8 +36,6 @@ travel inside its CRIU images (the driver stages them into process memory).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -188,38 +186,23 @@ def _refill(rec: dict, pid: int, image_dir: Path) -> dict:
 
 # -- restore ----------------------------------------------------------------------
 
-def check_gpu_memory(m: dict) -> None:
-    """The image's GPU data must fit in the free memory of this node's GPU (an image
-    without a GPU plan; plan_restore checks each GPU)."""
-    need = int(m.get("gpu_bytes") or 0)
-    if not need or not shutil.which("nvidia-smi"):
-        return
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=30)
-        free = {int(i): int(f) << 20 for i, f in (ln.split(",") for ln in r.stdout.splitlines() if ln.strip())}
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return
-    if free and max(free.values()) < need:
-        raise GpucrError(f"the image needs {need / 2**30:.1f} GiB of GPU memory, the most free on a GPU "
-                         f"here is {max(free.values()) / 2**30:.1f} GiB",
-                         "end other GPU processes on this node or restore on another one")
-
-
 def plan_restore(m: dict, force: list[str] | None = None, here: list | None = None,
                  env: dict | None = None) -> gpu_remap.Plan | None:
     """Where the image's GPUs go on this node (gpu_remap.plan); None for an image that
     does not record them (restored onto the GPUs it had, as before). The GPUs this
     restore may take are those of its own CUDA_VISIBLE_DEVICES when set (a Slurm step's
-    GPUs); --gpu (force) may name any GPU of the node."""
+    GPUs); --gpu (force) may name any GPU of the node. Either way the GPUs the image
+    goes onto must have room for its data, or this refuses (the restore's only GPU
+    memory check)."""
     wanted = gpu_remap.image_gpus(m)
-    if wanted is None:
-        if force:
-            raise GpucrError("the image does not record the GPUs of its processes (written by an older "
-                             "gpucr-hpc), so --gpu cannot map them",
-                             "restore it without --gpu, onto the GPUs it had")
-        return None
+    if wanted is None and force:
+        raise GpucrError("the image does not record the GPUs of its processes (written by an older "
+                         "gpucr-hpc), so --gpu cannot map them",
+                         "restore it without --gpu, onto the GPUs it had")
     here = gpu_inventory.node_gpus() if here is None else here
+    if wanted is None:
+        gpu_remap.check_in_place((m.get("gpu") or {}).get("uuids") or [], int(m.get("gpu_bytes") or 0), here)
+        return None
     env = os.environ if env is None else env
     usable = gpu_inventory.visible(env.get("CUDA_VISIBLE_DEVICES"), here)
     p = gpu_remap.plan(wanted, here, usable, force)

@@ -284,6 +284,20 @@ def test_no_gpu_with_room_refused(image, tmp_path):
     assert "is not on this node" in err and "GPU 1 with 20.0 GiB free" in err
 
 
+def test_old_image_without_room_on_its_own_gpu_refused(image, tmp_path):
+    """An image without GPUs per process goes back onto the GPU it had: that one must have
+    room, however much another GPU here has free."""
+    _as_gpu_image(image, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 40 << 30)
+    m = json.loads((image / "manifest.json").read_text())
+    for rec in m["gpu_processes"]:
+        del rec["gpu_uuids"], rec["gpu_bytes"]
+    _recommit(image, gpu_processes=m["gpu_processes"])
+    env = _gpu_node(tmp_path, (H100, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 10240),
+                    (H100, "GPU-cccccccc-0000-0000-0000-000000000000", 81000))
+    err = refused(["restore", "--from", str(image)], image, "needs 40.0 GiB of GPU memory on the GPUs it had", env=env)
+    assert "10.0 GiB free here (GPU 0 10.0 GiB)" in err
+
+
 def test_forced_gpu_of_another_model_refused(image, tmp_path):
     _as_gpu_image(image, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 1 << 30)
     env = _gpu_node(tmp_path, (H100, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 81000),
