@@ -60,13 +60,18 @@ def _ok(reply: dict, pid: int, what: str) -> dict:
 
 
 class GpuCheckpoint:
-    """Steps 1-4 of the module doc on the tree of `pid`, writing .h5 files into image_dir."""
+    """Steps 1-4 of the module doc on the tree of `pid`, writing .h5 files into image_dir.
 
-    def __init__(self, pid: int, image_dir: Path, timeout_ms: int = TIMEOUT_MS):
+    timeout_ms: how long the shims wait for GPU work in flight (quiesce) and the driver
+    for its lock; run_dir: where the shims' control sockets are (default: the usual)."""
+
+    def __init__(self, pid: int, image_dir: Path, timeout_ms: int | None = None,
+                 run_dir: Path | None = None):
         self.pid = pid
         self.dir = Path(image_dir)
-        self.timeout_ms = timeout_ms
-        self.targets, self.driver = process_cr.discover(pid)
+        self.timeout_ms = TIMEOUT_MS if timeout_ms is None else timeout_ms
+        self.run_dir = run_dir
+        self.targets, self.driver = process_cr.discover(pid, run_dir)
         if any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed")
                for t in self.targets):
             raise GpucrError(f"process {pid} is checkpointed in place",
@@ -84,7 +89,7 @@ class GpuCheckpoint:
 
     def run(self) -> None:
         t0 = time.monotonic()
-        self._shimmed = process_cr.shim_checkpoint(self.targets, self.timeout_ms)
+        self._shimmed = process_cr.shim_checkpoint(self.targets, self.timeout_ms, self.run_dir)
         self.timings["data_s"] = time.monotonic() - t0
         try:
             t = time.monotonic()
@@ -113,7 +118,7 @@ class GpuCheckpoint:
 
     def _save(self, tg) -> dict:
         rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
-               "socket": str(socket_path(tg.pid)) if tg.shim else None}
+               "socket": str(socket_path(tg.pid, self.run_dir)) if tg.shim else None}
         reply = tg.result.get("checkpoint", {}) if tg.shim else {}
         blobs = gpu_image.blobs_from_reply(reply)
         if tg.cuda:
@@ -167,7 +172,7 @@ class GpuCheckpoint:
         for rec in list(self._detached):
             _refill(rec, rec["pid"], self.dir)
             self._detached.remove(rec)
-        process_cr.shim_restore(self._shimmed)
+        process_cr.shim_restore(self._shimmed, self.run_dir)
         return {"resume_s": time.monotonic() - t0}
 
 
