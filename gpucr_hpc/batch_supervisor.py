@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 
-from gpucr_hpc import batch_restore, job_cr, slurm
+from gpucr_hpc import batch_restore, job_cr, job_images, slurm
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
@@ -100,9 +100,31 @@ def checkpoint_and_requeue(jobid: str, lead: int) -> None:
         result = job_cr.preempt(jobid)
     except GpucrError as e:
         say(f"automatic checkpoint of job {jobid} failed: {e.one_line()}; "
-            "the job keeps running, and if Slurm ends it, it goes on from its last checkpoint")
+            + after_failed_checkpoint(jobid, preempted, _next_restore(jobid)))
         return
     batch_restore.log(f"checkpointed {result.get('generation', '')} before {why}; requeued")
+
+
+def _next_restore(jobid: str) -> str | None:
+    """The committed generation a restart or `gpucr-hpc restore JOBID` would restore; None if none."""
+    job_dir = load_site().job_image_dir(jobid)
+    try:
+        return job_images.restore_target(job_dir).name
+    except GpucrError:
+        return None
+
+
+def after_failed_checkpoint(jobid: str, preempted: bool, gen: str | None) -> str:
+    """What becomes of the job once its automatic checkpoint failed (it runs on until then)."""
+    if preempted:  # PreemptMode=REQUEUE: a requeued job restores its checkpoint when it starts
+        start = f"from its checkpoint {gen}" if gen else "from the top (it has no checkpoint)"
+        return (f"the job keeps running until the preemption ends it; Slurm then requeues it "
+                f"(PreemptMode=REQUEUE) and it restarts {start}")
+    if gen:
+        return (f"the job keeps running until its time limit, and Slurm does not requeue it then; "
+                f"`gpucr-hpc restore {jobid}` requeues it from its checkpoint {gen} "
+                "while Slurm still knows the job")
+    return "the job keeps running until its time limit and then ends (it has no checkpoint to restore)"
 
 
 def exit_like(status: int) -> int:

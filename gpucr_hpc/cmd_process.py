@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from gpucr_hpc import migrate
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.process_cr import DEFAULT_TIMEOUT_MS, checkpoint_tree, restore_tree, status_all
 from gpucr_hpc.shim_client import default_run_dir, shim_library
@@ -70,41 +71,31 @@ def run(arena, arena_size, run_dir, cmd):
         raise GpucrError(f"cannot execute {cmd[0]}", "check its permissions")
 
 
-def _migrate():
-    """The whole-process migration options (--to/--from), when that part is present."""
-    try:
-        from gpucr_hpc import migrate
-    except ImportError:
-        return None
-    return migrate
-
-
-_m = _migrate()
-_checkpoint_options = _m.checkpoint_options if _m else json_option
-_restore_options = _m.restore_options if _m else json_option
-
-
 @click.command()
 @click.argument("jobid", required=False)
 @click.option("--pid", type=int, default=None, help="The process (and its children) to checkpoint.")
-@click.option("--timeout", "timeout_ms", type=int, default=DEFAULT_TIMEOUT_MS, show_default=True,
-              help="Quiesce / driver lock timeout in milliseconds.")
+@click.option("--timeout", "timeout_ms", type=click.IntRange(min=1), default=None, metavar="MS",
+              help=f"With --pid: how long the shims wait for GPU work in flight, and the driver "
+                   f"for its lock, in milliseconds (default {DEFAULT_TIMEOUT_MS}).")
 @run_dir_option
-@_checkpoint_options
-def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir=None, leave_running=False):
+@migrate.checkpoint_options
+def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir, leave_running):
     """Checkpoint a Slurm job (JOBID: every rank on every node, the job keeps running),
     a running process in place (--pid: its GPU memory is handed back), or a process
     to a whole-process image (--pid PID --to DIR)."""
     if jobid is not None:
-        if pid is not None or to_dir:
+        if pid is not None:
             raise GpucrError("give either JOBID or --pid, not both", "drop one of them")
+        _refuse_for_job(to_dir=to_dir, leave_running=leave_running, timeout_ms=timeout_ms,
+                        run_dir=run_dir)
         from gpucr_hpc.cmd_job import checkpoint_job
 
         return checkpoint_job(jobid, as_json)
     if pid is None:
         raise GpucrError("checkpoint needs JOBID, or --pid PID", "add one of them")
+    timeout_ms = DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms
     if to_dir:
-        return _m.run_checkpoint(pid, to_dir, leave_running, as_json)
+        return migrate.run_checkpoint(pid, to_dir, leave_running, as_json, timeout_ms, run_dir)
     if leave_running:
         raise GpucrError("--leave-running only applies with --to DIR", "add --to DIR or drop --leave-running")
     result = checkpoint_tree(pid, timeout_ms=timeout_ms, run_dir=run_dir)
@@ -116,35 +107,86 @@ def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir=None, leave_runn
                f"{_phases_line(result['phases'])}")
 
 
+# Why an option of the process forms means nothing for a job (checkpoint/restore JOBID).
+_NOT_FOR_JOB = {
+    "to_dir": ("--to DIR applies to checkpoint --pid PID: a job's checkpoints go to the site's image store",
+               "drop --to (gpucr-hpc ls JOBID lists them)"),
+    "leave_running": ("--leave-running does not apply to a job: checkpoint JOBID always leaves the job running",
+                      "drop --leave-running (gpucr-hpc preempt JOBID checkpoints and requeues it)"),
+    "timeout_ms": (f"--timeout applies to checkpoint --pid only: a job checkpoint waits up to "
+                   f"{DEFAULT_TIMEOUT_MS // 1000} s for each GPU process, which is fixed",
+                   "drop --timeout"),
+    "run_dir": ("--run-dir applies to --pid only: a job's control sockets are in the site's run dir "
+                "(plugstack.conf rundir=)", "drop --run-dir"),
+    "pidns": ("--pidns applies to restore --from DIR only: a job's processes are restored in a new PID "
+              "namespace", "drop --pidns"),
+    "rewind_files": ("--rewind-files applies to restore --from DIR only: a job restore cuts grown files "
+                     "back itself", "drop --rewind-files"),
+}
+
+
+def _refuse_for_job(**given) -> None:
+    for name, value in given.items():
+        if value not in (None, False):
+            raise GpucrError(*_NOT_FOR_JOB[name])
+
+
 @click.command()
 @click.argument("jobid", required=False)
 @click.option("--pid", type=int, default=None, help="The process (and its children) checkpointed in place.")
+@click.option("--from", "source", metavar="N|DIR", default=None,
+              help="With JOBID: the generation to restore, N or gen-N (default: the newest committed "
+                   "one; `gpucr-hpc ls JOBID` lists them). Without JOBID: the directory of a "
+                   "whole-process image, as checkpoint --pid PID --to DIR wrote it.")
 @run_dir_option
-@_restore_options
-def restore(jobid, pid, run_dir, as_json, from_dir=None, pidns="auto", rewind_files=False, gpus=None):
-    """Restore a Slurm job that is not running from its checkpoint (JOBID; --from GEN
+@migrate.restore_options
+def restore(jobid, pid, source, run_dir, as_json, pidns, rewind_files, gpus):
+    """Restore a Slurm job that is not running from its checkpoint (JOBID; --from N
     picks a generation), a process checkpointed in place (--pid PID; it continues
     where it stopped), or a whole-process image (--from DIR; --gpu picks the GPUs)."""
-    if gpus is not None and (jobid is not None or not from_dir):
+    if gpus is not None and (jobid is not None or not source):
         raise GpucrError("--gpu applies to restore --from DIR only (a job goes onto the GPUs Slurm "
                          "gives it, a process checkpointed in place stays on its own)", "drop --gpu")
     if jobid is not None:
         if pid is not None:
             raise GpucrError("give either JOBID or --pid, not both", "drop one of them")
+        _refuse_for_job(run_dir=run_dir, pidns=pidns, rewind_files=rewind_files)
         from gpucr_hpc.cmd_job import parse_generation, restore_job
 
-        return restore_job(jobid, parse_generation(from_dir), as_json)
-    if from_dir:
+        return restore_job(jobid, parse_generation(source), as_json)
+    if source:
         if pid is not None:
             raise GpucrError("give either --pid or --from, not both", "drop one of them")
-        return _m.run_restore(from_dir, pidns, rewind_files, as_json, gpus)
+        if run_dir is not None:
+            raise GpucrError("--run-dir applies to restore --pid only: the processes of an image keep "
+                             "their control sockets where they first ran", "drop --run-dir")
+        return migrate.run_restore(image_dir(source), pidns or "auto", rewind_files, as_json, gpus)
     if pid is None:
-        raise GpucrError("restore needs --pid PID (in place) or --from DIR (image)", "add one of them")
+        raise GpucrError("restore needs JOBID, --pid PID (in place) or --from DIR (image)", "add one of them")
+    if pidns:
+        raise GpucrError("--pidns applies to restore --from DIR only: a process restored in place keeps "
+                         "its PIDs", "drop --pidns")
+    if rewind_files:
+        raise GpucrError("--rewind-files applies to restore --from DIR only: a process restored in place "
+                         "kept its files open all along", "drop --rewind-files")
     result = restore_tree(pid, run_dir=run_dir)
     if as_json:
         click.echo(json.dumps(result))
         return
     click.echo(f"restored {pid} ({_gib(result['bytes'])}): {_phases_line(result['phases'])}")
+
+
+def image_dir(source: str) -> str:
+    """--from of the process form: a directory (a generation number needs JOBID)."""
+    if os.path.isdir(source):
+        return source
+    if os.path.exists(source):
+        raise GpucrError(f"--from {source} is a file, not an image directory",
+                         "give the directory that checkpoint --to wrote")
+    if re.fullmatch(r"(gen-)?\d+", source):
+        raise GpucrError(f"no image directory {source}; a generation number needs a job",
+                         f"restore JOBID --from {source}, or give the directory that checkpoint --to wrote")
+    return source  # restore_from says that there is no image there
 
 
 @click.command()

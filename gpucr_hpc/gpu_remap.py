@@ -140,6 +140,22 @@ def _no_room(image: list[ImageGpu], g: ImageGpu, here: list[Gpu], usable: list[G
         "here, or pick the GPUs with --gpu")
 
 
+def check_in_place(uuids: list[str], need: int, here: list[Gpu]) -> None:
+    """Room for an image that does not record which GPU each process had (written by an
+    older gpucr-hpc): it goes back onto the GPUs of its node (`uuids`), so its data
+    (`need` bytes) must fit in their free memory here, summed, since the share of each
+    is not known (exact for an image of one GPU). Its GPUs that are not here are the
+    driver's to refuse."""
+    mine = [h for h in here if h.uuid in uuids]
+    free = sum(h.free for h in mine)
+    if not mine or need <= free:
+        return
+    have = ", ".join(f"GPU {h.index} {_gib(h.free)}" for h in mine)
+    raise GpucrError(f"the image needs {_gib(need)} of GPU memory on the GPUs it had (an image of an "
+                     f"older gpucr-hpc goes back onto them), and they have {_gib(free)} free here ({have})",
+                     "end other GPU processes on this node or restore on another one")
+
+
 def _resolve(item: str, here: list[Gpu]) -> Gpu:
     if item.isdigit():
         match = [h for h in here if h.index == int(item)]

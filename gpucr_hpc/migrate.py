@@ -89,7 +89,7 @@ def is_shimmed(pids: list[int]) -> bool:
     return False
 
 
-def uses_gpu(tree: list[int]) -> bool:
+def uses_gpu(tree: list[int], run_dir: Path | None = None) -> bool:
     """True when the tree has GPU state: a GPU device open, or a shim that reports CUDA in use.
 
     Every task of a --gpucr=on job runs under the shim; one that never touched
@@ -102,7 +102,7 @@ def uses_gpu(tree: list[int]) -> bool:
     from gpucr_hpc import process_cr
 
     try:
-        targets, _ = process_cr.discover(tree[0], need_driver=False)
+        targets, _ = process_cr.discover(tree[0], run_dir, need_driver=False)
     except GpucrError:
         return False
     return any(t.cuda or t.shim_state == "checkpointed" for t in targets)
@@ -133,11 +133,15 @@ def _stage_root(need: int) -> Path | None:
 # -- checkpoint -----------------------------------------------------------------
 
 def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
-                  hold_gpu: bool = False) -> dict:
+                  hold_gpu: bool = False, timeout_ms: int | None = None,
+                  run_dir: Path | None = None) -> dict:
     """Image of the tree of `pid` in to_dir. leave_running: the tree runs on, its GPU
     state brought back; with hold_gpu it runs on without it (VRAM stays handed back,
     its GPU calls wait) until it is ended, or `migrate_gpu.resume_held` brings it back:
-    a preemption frees the GPU now, not after the requeue."""
+    a preemption frees the GPU now, not after the requeue. timeout_ms: how long the
+    shims wait for GPU work in flight and the driver for its lock (default
+    process_cr.DEFAULT_TIMEOUT_MS); run_dir: where the shims' control sockets are
+    (default shim_client.default_run_dir())."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     criu = criu_mod.find_criu()
@@ -152,7 +156,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
                          "which CRIU cannot record",
                          "start the program with setsid (Slurm tasks already are)")
     tree = criu_mod.process_tree(pid)
-    shimmed = uses_gpu(tree)  # GPU step via migrate_gpu
+    shimmed = uses_gpu(tree, run_dir)  # GPU step via migrate_gpu
     shell_job = not criu_mod.is_session_leader(pid)
     to_dir = Path(to_dir).absolute()
     created = not to_dir.exists()
@@ -172,7 +176,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
             node = node_gpus() or {}
             m["vendor"] = node.get("vendor") or "nvidia"
             m["gpu"] = {k: node.get(k) for k in ("model", "models", "uuids", "driver_version")}
-            gpu = migrate_gpu.GpuCheckpoint(pid, writer.path)
+            gpu = migrate_gpu.GpuCheckpoint(pid, writer.path, timeout_ms, run_dir)
             gpu.run()
             gpu_active = True
             timings.update({f"gpu_{k}": v for k, v in gpu.timings.items()})
@@ -345,9 +349,7 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     if m.get("gpu_processes"):
         from gpucr_hpc import migrate_gpu
 
-        plan = migrate_gpu.plan_restore(m, gpus)
-        if plan is None:
-            migrate_gpu.check_gpu_memory(m)
+        plan = migrate_gpu.plan_restore(m, gpus)  # and whether the GPUs it goes onto have room
     elif gpus:
         raise GpucrError(f"image {img.path} holds no GPU state, so --gpu has nothing to place",
                          "restore it without --gpu")
@@ -440,20 +442,19 @@ def checkpoint_options(f):
 def restore_options(f):
     f = click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")(f)
     f = click.option("--rewind-files", is_flag=True,
-                     help="Truncate files the process had open that grew since the checkpoint "
+                     help="With --from: truncate files the process had open that grew since the checkpoint "
                           "(a copy of each is kept beside it).")(f)
-    f = click.option("--pidns", type=click.Choice(["auto", "host", "new"]), default="auto",
-                     show_default=True,
-                     help="host: the original PIDs here (refused if taken); new: a new PID "
-                          "namespace (root); auto: host when the PIDs are free.")(f)
+    f = click.option("--pidns", type=click.Choice(["auto", "host", "new"]), default=None,
+                     help="With --from: host: the original PIDs here (refused if taken); new: a "
+                          "new PID namespace, where the processes keep their original PIDs (ordinary "
+                          "users get it through the root helper, like every CRIU restore); auto "
+                          "(the default): host when the PIDs are free, else new.")(f)
     f = click.option("--gpu", "gpus", metavar="GPU[,GPU...]", default=None,
                      help="With --from: restore onto these GPUs of this node (nvidia-smi indices "
                           "or UUIDs), one for each GPU of the image, in its order. Default: the "
                           "GPUs it had when they are here with room, else other GPUs of the same "
                           "model with the most free memory (only those in CUDA_VISIBLE_DEVICES "
                           "when that is set).")(f)
-    f = click.option("--from", "from_dir", type=click.Path(file_okay=False),
-                     help="Restore the whole-process image in this directory.")(f)
     return f
 
 
@@ -467,8 +468,10 @@ def parse_gpus(value: str | None) -> list[str] | None:
     return items
 
 
-def run_checkpoint(pid: int, to_dir: str, leave_running: bool, as_json: bool) -> None:
-    _print_report("checkpoint", checkpoint_to(pid, to_dir, leave_running=leave_running), as_json)
+def run_checkpoint(pid: int, to_dir: str, leave_running: bool, as_json: bool,
+                   timeout_ms: int | None = None, run_dir: Path | None = None) -> None:
+    rep = checkpoint_to(pid, to_dir, leave_running=leave_running, timeout_ms=timeout_ms, run_dir=run_dir)
+    _print_report("checkpoint", rep, as_json)
 
 
 def run_restore(from_dir: str, pidns: str, rewind_files: bool, as_json: bool, gpus: str | None = None) -> None:

@@ -36,8 +36,6 @@ travel inside its CRIU images (the driver stages them into process memory).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -59,18 +57,23 @@ def _client(pid: int, sock: str) -> ShimClient:
 def _ok(reply: dict, pid: int, what: str) -> dict:
     if not reply.get("ok"):
         raise GpucrError(f"process {pid}: {what} failed: {reply.get('error', 'no reason given')}",
-                         "see the process's stderr (GPUCR_LOG) for details")
+                         "start the program with GPUCR_DEBUG=1 for the shim's diagnostics on its stderr")
     return reply
 
 
 class GpuCheckpoint:
-    """Steps 1-4 of the module doc on the tree of `pid`, writing .h5 files into image_dir."""
+    """Steps 1-4 of the module doc on the tree of `pid`, writing .h5 files into image_dir.
 
-    def __init__(self, pid: int, image_dir: Path, timeout_ms: int = TIMEOUT_MS):
+    timeout_ms: how long the shims wait for GPU work in flight (quiesce) and the driver
+    for its lock; run_dir: where the shims' control sockets are (default: the usual)."""
+
+    def __init__(self, pid: int, image_dir: Path, timeout_ms: int | None = None,
+                 run_dir: Path | None = None):
         self.pid = pid
         self.dir = Path(image_dir)
-        self.timeout_ms = timeout_ms
-        self.targets, self.driver = process_cr.discover(pid)
+        self.timeout_ms = TIMEOUT_MS if timeout_ms is None else timeout_ms
+        self.run_dir = run_dir
+        self.targets, self.driver = process_cr.discover(pid, run_dir)
         if any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed")
                for t in self.targets):
             raise GpucrError(f"process {pid} is checkpointed in place",
@@ -88,7 +91,7 @@ class GpuCheckpoint:
 
     def run(self) -> None:
         t0 = time.monotonic()
-        self._shimmed = process_cr.shim_checkpoint(self.targets, self.timeout_ms)
+        self._shimmed = process_cr.shim_checkpoint(self.targets, self.timeout_ms, self.run_dir)
         self.timings["data_s"] = time.monotonic() - t0
         try:
             t = time.monotonic()
@@ -117,7 +120,7 @@ class GpuCheckpoint:
 
     def _save(self, tg) -> dict:
         rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
-               "socket": str(socket_path(tg.pid)) if tg.shim else None}
+               "socket": str(socket_path(tg.pid, self.run_dir)) if tg.shim else None}
         reply = tg.result.get("checkpoint", {}) if tg.shim else {}
         blobs = gpu_image.blobs_from_reply(reply)
         if tg.cuda:
@@ -171,7 +174,7 @@ class GpuCheckpoint:
         for rec in list(self._detached):
             _refill(rec, rec["pid"], self.dir)
             self._detached.remove(rec)
-        process_cr.shim_restore(self._shimmed)
+        process_cr.shim_restore(self._shimmed, self.run_dir)
         return {"resume_s": time.monotonic() - t0}
 
 
@@ -201,38 +204,23 @@ def resume_held(image_dir: Path) -> dict:
 
 # -- restore ----------------------------------------------------------------------
 
-def check_gpu_memory(m: dict) -> None:
-    """The image's GPU data must fit in the free memory of this node's GPU (an image
-    without a GPU plan; plan_restore checks each GPU)."""
-    need = int(m.get("gpu_bytes") or 0)
-    if not need or not shutil.which("nvidia-smi"):
-        return
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=30)
-        free = {int(i): int(f) << 20 for i, f in (ln.split(",") for ln in r.stdout.splitlines() if ln.strip())}
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return
-    if free and max(free.values()) < need:
-        raise GpucrError(f"the image needs {need / 2**30:.1f} GiB of GPU memory, the most free on a GPU "
-                         f"here is {max(free.values()) / 2**30:.1f} GiB",
-                         "end other GPU processes on this node or restore on another one")
-
-
 def plan_restore(m: dict, force: list[str] | None = None, here: list | None = None,
                  env: dict | None = None) -> gpu_remap.Plan | None:
     """Where the image's GPUs go on this node (gpu_remap.plan); None for an image that
     does not record them (restored onto the GPUs it had, as before). The GPUs this
     restore may take are those of its own CUDA_VISIBLE_DEVICES when set (a Slurm step's
-    GPUs); --gpu (force) may name any GPU of the node."""
+    GPUs); --gpu (force) may name any GPU of the node. Either way the GPUs the image
+    goes onto must have room for its data, or this refuses (the restore's only GPU
+    memory check)."""
     wanted = gpu_remap.image_gpus(m)
-    if wanted is None:
-        if force:
-            raise GpucrError("the image does not record the GPUs of its processes (written by an older "
-                             "gpucr-hpc), so --gpu cannot map them",
-                             "restore it without --gpu, onto the GPUs it had")
-        return None
+    if wanted is None and force:
+        raise GpucrError("the image does not record the GPUs of its processes (written by an older "
+                         "gpucr-hpc), so --gpu cannot map them",
+                         "restore it without --gpu, onto the GPUs it had")
     here = gpu_inventory.node_gpus() if here is None else here
+    if wanted is None:
+        gpu_remap.check_in_place((m.get("gpu") or {}).get("uuids") or [], int(m.get("gpu_bytes") or 0), here)
+        return None
     env = os.environ if env is None else env
     usable = gpu_inventory.visible(env.get("CUDA_VISIBLE_DEVICES"), here)
     p = gpu_remap.plan(wanted, here, usable, force)

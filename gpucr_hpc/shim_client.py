@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.site import load_site
 
 SHIM_NAME = "libgpucr-cuda.so"
 
@@ -27,21 +28,39 @@ def default_run_dir() -> Path:
     return Path(f"/tmp/gpucr-{os.getuid()}")
 
 
-def shim_library() -> Path:
-    """Where libgpucr-cuda.so is: $GPUCR_SHIM, the source tree, or an install."""
-    candidates = []
+DEFAULT_PREFIX = "/opt/gpucr-hpc"  # the top-level Makefile's PREFIX
+
+
+def shim_candidates() -> list[Path]:
+    """Where libgpucr-cuda.so is looked for, in this order: $GPUCR_SHIM; the install
+    under $GPUCR_PREFIX; the shim= of the site's plugstack.conf line, which jobs use;
+    the source tree; the installs of `make install` ($(PREFIX)/lib/gpucr: the
+    top-level Makefile's PREFIX, then shim/Makefile's /usr/local, the site default)
+    and /usr/lib/gpucr."""
+    out = []
     if os.environ.get("GPUCR_SHIM"):
-        candidates.append(Path(os.environ["GPUCR_SHIM"]))
-    candidates += [
-        Path(__file__).resolve().parent.parent / "shim" / SHIM_NAME,
-        Path("/usr/local/lib/gpucr") / SHIM_NAME,
-        Path("/usr/lib/gpucr") / SHIM_NAME,
-    ]
-    for c in candidates:
+        out.append(Path(os.environ["GPUCR_SHIM"]))
+    if os.environ.get("GPUCR_PREFIX"):
+        out.append(Path(os.environ["GPUCR_PREFIX"]) / "lib" / "gpucr" / SHIM_NAME)
+    try:
+        site = load_site()
+        if site.plugstack is not None:
+            out.append(Path(site.shim))
+    except (GpucrError, ValueError):
+        pass  # a plugstack.conf we cannot read: the other places still count
+    out += [Path(__file__).resolve().parent.parent / "shim" / SHIM_NAME]
+    out += [Path(prefix) / "lib" / "gpucr" / SHIM_NAME for prefix in (DEFAULT_PREFIX, "/usr/local", "/usr")]
+    return out
+
+
+def shim_library() -> Path:
+    """The first of shim_candidates() that exists."""
+    for c in shim_candidates():
         if c.is_file():
             return c
     raise GpucrError(f"the shim {SHIM_NAME} was not found",
-                     "build it with `make -C shim` or point GPUCR_SHIM at it")
+                     "build it with `make -C shim`, install it with `make install` (into $PREFIX/lib/gpucr; "
+                     "set GPUCR_PREFIX for a PREFIX other than /opt/gpucr-hpc) or point GPUCR_SHIM at it")
 
 
 def socket_path(pid: int, run_dir: Path | None = None) -> Path:

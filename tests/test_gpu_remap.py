@@ -102,6 +102,34 @@ def test_old_image_has_no_gpu_list():
     assert migrate_gpu.plan_restore(m, None, here=node((H100, 80)), env={}) is None
 
 
+def old_image(uuids, nbytes):
+    """An image of an older gpucr-hpc: its node's GPUs and its GPU data, no GPU per process."""
+    return {"gpu": {"model": H100, "uuids": uuids}, "gpu_bytes": nbytes,
+            "gpu_processes": [{"pid": 10, "cuda": True, "h5": "process-10.h5"}]}
+
+
+def test_old_image_needs_room_on_its_own_gpu_not_on_the_emptiest():
+    """It goes back onto the GPU it had: that one must have room, however free the others are."""
+    here = node((H100, 10), (H100, 80))
+    with pytest.raises(GpucrError) as e:
+        migrate_gpu.plan_restore(old_image([uuid(100)], 40 * GiB), None, here=here, env={})
+    text = one_line(e.value)
+    assert "needs 40.0 GiB of GPU memory on the GPUs it had" in text and "10.0 GiB free here (GPU 0 10.0 GiB)" in text
+    assert migrate_gpu.plan_restore(old_image([uuid(101)], 40 * GiB), None, here=here, env={}) is None
+
+
+def test_old_image_over_several_gpus_is_not_refused_for_its_total():
+    """Its data may be spread over the GPUs it had: no single one needs room for all of it."""
+    here = node((H100, 40), (H100, 40))
+    assert migrate_gpu.plan_restore(old_image([uuid(100), uuid(101)], 60 * GiB), None, here=here, env={}) is None
+    with pytest.raises(GpucrError, match="80.0 GiB free here"):
+        migrate_gpu.plan_restore(old_image([uuid(100), uuid(101)], 90 * GiB), None, here=here, env={})
+
+
+def test_old_image_whose_gpus_are_not_here_is_left_to_the_driver():
+    assert gpu_remap.check_in_place([uuid(7)], 40 * GiB, node((H100, 10))) is None
+
+
 # -- the plan -----------------------------------------------------------------------------
 
 def test_all_here_with_room_stays_put():

@@ -284,6 +284,20 @@ def test_no_gpu_with_room_refused(image, tmp_path):
     assert "is not on this node" in err and "GPU 1 with 20.0 GiB free" in err
 
 
+def test_old_image_without_room_on_its_own_gpu_refused(image, tmp_path):
+    """An image without GPUs per process goes back onto the GPU it had: that one must have
+    room, however much another GPU here has free."""
+    _as_gpu_image(image, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 40 << 30)
+    m = json.loads((image / "manifest.json").read_text())
+    for rec in m["gpu_processes"]:
+        del rec["gpu_uuids"], rec["gpu_bytes"]
+    _recommit(image, gpu_processes=m["gpu_processes"])
+    env = _gpu_node(tmp_path, (H100, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 10240),
+                    (H100, "GPU-cccccccc-0000-0000-0000-000000000000", 81000))
+    err = refused(["restore", "--from", str(image)], image, "needs 40.0 GiB of GPU memory on the GPUs it had", env=env)
+    assert "10.0 GiB free here (GPU 0 10.0 GiB)" in err
+
+
 def test_forced_gpu_of_another_model_refused(image, tmp_path):
     _as_gpu_image(image, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 1 << 30)
     env = _gpu_node(tmp_path, (H100, "GPU-aaaaaaaa-0000-0000-0000-000000000000", 81000),
@@ -302,3 +316,18 @@ def test_gpu_option_on_a_cpu_image_refused(image):
 def test_gpu_option_misuse_refused(args, expect):
     r = cli("restore", *args)
     assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1 and expect in r.stderr, r.stderr
+
+
+def test_shim_failure_points_at_the_shims_debug_switch():
+    """A shim's refusal names the variable the shim reads for its diagnostics (shim/log.c)."""
+    from pathlib import Path
+
+    from gpucr_hpc import migrate_gpu
+
+    with pytest.raises(GpucrError) as e:
+        migrate_gpu._ok({"ok": False, "error": "arena_attach: mmap failed"}, 4242, "re-creating the arena")
+    line = e.value.one_line()
+    assert line.startswith("process 4242: re-creating the arena failed: arena_attach: mmap failed; ")
+    assert "GPUCR_DEBUG=1" in line and "GPUCR_LOG" not in line
+    log_c = (Path(__file__).resolve().parent.parent / "shim" / "log.c").read_text()
+    assert 'getenv("GPUCR_DEBUG")' in log_c

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from shim_helpers import SHIM, build_shim, gpucr_cli, wait_for
+from shim_helpers import SHIM, SHIM_DIR, build_shim, gpucr_cli, wait_for
 
 
 def cli(*args, env=None, check=True):
@@ -140,3 +140,63 @@ def test_run_arena_preallocation(env, tmp_path):
 def test_run_bad_arena_size(env):
     r = cli("run", "--arena-size", "lots", "--", "true", env=env, check=False)
     assert r.returncode != 0 and "bad --arena-size" in r.stderr
+
+
+# -- where `gpucr-hpc run` finds the shim without GPUCR_SHIM ---------------------------
+
+def _preload_of_run(env):
+    code = "import os; print(os.environ['LD_PRELOAD'])"
+    r = cli("run", "--", sys.executable, "-c", code, env=env)
+    return r.stdout.split()[0]
+
+
+@pytest.fixture
+def no_shim_env(env, tmp_path):
+    """No GPUCR_SHIM, and a SLURM_CONF of our own (no plugstack.conf yet)."""
+    e = {k: v for k, v in env.items() if k not in ("GPUCR_SHIM", "GPUCR_PREFIX")}
+    e["SLURM_CONF"] = str(tmp_path / "slurm.conf")
+    return e
+
+
+def test_run_finds_the_shim_under_gpucr_prefix(no_shim_env, tmp_path):
+    """`make install PREFIX=P` puts it in P/lib/gpucr; GPUCR_PREFIX=P names that install."""
+    import shutil
+
+    lib = tmp_path / "prefix" / "lib" / "gpucr"
+    lib.mkdir(parents=True)
+    shutil.copy(SHIM, lib / "libgpucr-cuda.so")
+    assert _preload_of_run(dict(no_shim_env, GPUCR_PREFIX=str(tmp_path / "prefix"))) == \
+        str(lib / "libgpucr-cuda.so")
+
+
+def test_run_finds_the_sites_shim(no_shim_env, tmp_path):
+    """The shim= of the plugstack.conf line is the one jobs get: `run` takes it too."""
+    import shutil
+
+    site_lib = tmp_path / "site-lib"
+    site_lib.mkdir()
+    shutil.copy(SHIM, site_lib / "libgpucr-cuda.so")
+    (tmp_path / "plugstack.conf").write_text(
+        f"optional /nowhere/spank_gpucr.so shim={site_lib}/libgpucr-cuda.so rundir=/run/gpucr\n")
+    assert _preload_of_run(no_shim_env) == str(site_lib / "libgpucr-cuda.so")
+
+
+def test_shim_install_locations_follow_the_makefiles(monkeypatch, tmp_path):
+    """Without settings: the top-level Makefile's PREFIX, then the site default's (and
+    shim/Makefile's) /usr/local, each as $(PREFIX)/lib/gpucr."""
+    import re
+
+    from gpucr_hpc import shim_client
+    from gpucr_hpc.site import Site
+
+    for var in ("GPUCR_SHIM", "GPUCR_PREFIX"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    repo = SHIM_DIR.parent
+    prefix = re.search(r"^PREFIX \?= (\S+)", (repo / "Makefile").read_text(), re.M).group(1)
+    sub_prefix = re.search(r"^PREFIX \?= (\S+)", (SHIM_DIR / "Makefile").read_text(), re.M).group(1)
+    found = [str(p) for p in shim_client.shim_candidates()]
+    installed = [f"{prefix}/lib/gpucr/libgpucr-cuda.so", f"{sub_prefix}/lib/gpucr/libgpucr-cuda.so"]
+    assert [p for p in found if p in installed] == installed
+    assert found.index(installed[0]) < found.index(installed[1])
+    assert Site(plugstack=None).shim in found

@@ -1,0 +1,60 @@
+"""The batch supervisor's word when the automatic checkpoint fails: what then becomes
+of the job, which differs between a preemption (Slurm requeues it) and the time
+limit (Slurm ends it; `gpucr-hpc restore JOBID` brings it back).
+
+The real supervisor code runs; Slurm is a stand-in `scontrol` first in PATH, and the
+checkpoint fails for a real reason (the site has no gpucr plugin line), so no
+cluster is touched.
+"""
+
+import os
+
+import pytest
+
+from gpucr_hpc import batch_supervisor
+from gpucr_hpc import manifest as mf
+
+SCONTROL = """#!/bin/sh
+case "$*" in
+  "show job -o 42") echo "JobId=42 UserId=me({uid}) JobState=RUNNING NodeList=(null) TimeLimit=01:00:00 PreemptTime={preempt_time}";;
+  *) echo "scontrol: error: unexpected $*" >&2; exit 1;;
+esac
+"""
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    def make(preempted: bool, generation: str | None):
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "scontrol").write_text(SCONTROL.format(
+            uid=os.getuid(), preempt_time="2025-01-01T00:00:00" if preempted else "None"))
+        (bin_dir / "scontrol").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+        monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))  # no plugstack.conf beside it
+        monkeypatch.setenv("GPUCR_IMAGE_ROOT", str(tmp_path / "images"))
+        if generation:
+            gen = tmp_path / "images" / "42" / generation
+            gen.mkdir(parents=True)
+            mf.commit(gen, mf.new_manifest(kind="job", vendor=None, gpu=None))
+            (gen.parent / "LATEST").write_text(f"{generation}\n")
+    return make
+
+
+@pytest.mark.parametrize("preempted,generation,expect", [
+    (True, "gen-3", "Slurm then requeues it (PreemptMode=REQUEUE) and it restarts from its checkpoint gen-3"),
+    (True, None, "Slurm then requeues it (PreemptMode=REQUEUE) and it restarts from the top (it has no checkpoint)"),
+    (False, "gen-3", "until its time limit, and Slurm does not requeue it then; "
+                     "`gpucr-hpc restore 42` requeues it from its checkpoint gen-3"),
+    (False, None, "until its time limit and then ends (it has no checkpoint to restore)"),
+])
+def test_failed_automatic_checkpoint_says_what_follows(site, capsys, preempted, generation, expect):
+    site(preempted, generation)
+    batch_supervisor.checkpoint_and_requeue("42", lead=120)
+    lines = capsys.readouterr().err.splitlines()
+    why = "preemption" if preempted else "the time limit"
+    assert lines[0] == f"gpucr: checkpointing job 42 before {why}"
+    assert len(lines) == 2, lines
+    assert lines[1].startswith("gpucr: automatic checkpoint of job 42 failed: the gpucr SPANK plugin is not in ")
+    assert "; the job keeps running until " in lines[1] and expect in lines[1], lines[1]
+    assert "goes on from its last checkpoint" not in lines[1]
