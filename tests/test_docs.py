@@ -1,0 +1,45 @@
+"""The documentation site: the tables of site/docs/results.md are those that
+site/results_tables.py generates from the committed bench/results/*.json, and the
+plots it shows are the committed ones. A changed result file fails here until the
+page is regenerated (python3 site/results_tables.py). No GPU, Slurm or CRIU needed."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TABLES = REPO / "site" / "results_tables.py"
+
+
+def check(script: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True, timeout=120)
+
+
+def test_results_page_is_current():
+    r = check(TABLES)
+    assert r.returncode == 0, r.stderr + "\nregenerate with: python3 site/results_tables.py"
+
+
+def test_check_notices_a_stale_page(tmp_path):
+    """--check is not vacuous: a copy of the site whose page lost a figure is reported."""
+    shutil.copytree(REPO / "site", tmp_path / "site", ignore=shutil.ignore_patterns("site"))
+    shutil.copytree(REPO / "bench" / "results", tmp_path / "bench" / "results")
+    assert check(tmp_path / "site" / "results_tables.py").returncode == 0
+    doc = tmp_path / "site" / "docs" / "results.md"
+    text = doc.read_text()
+    begin = text.index("<!-- BEGIN data-path -->\n") + len("<!-- BEGIN data-path -->\n")
+    end = text.index("<!-- END data-path -->")
+    doc.write_text(text[:begin] + text[end:])
+    r = check(tmp_path / "site" / "results_tables.py")
+    assert r.returncode == 1
+    assert "site/docs/results.md" in r.stderr
+
+
+def test_site_builds_strict(tmp_path):
+    pytest.importorskip("mkdocs")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(REPO / "site" / "mkdocs.yml"),
+                        "-d", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
