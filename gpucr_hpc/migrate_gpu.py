@@ -4,16 +4,20 @@ the rest through the driver, the shim's arena out of CRIU's way.
 Checkpoint (`GpuCheckpoint`), on the shimmed and CUDA processes of the tree:
   1. data     the shims quiesce, copy their GPU memory into their host arenas and
               hand the VRAM back (process_cr.shim_checkpoint); `data_s`;
-  2. write    each arena, as the shim placed it (its reply lists the allocations),
+  2. control  each shim frees its staging ring (scratch, not for the image), then
+              driver lock + checkpoint of every CUDA process (contexts, modules,
+              stream-ordered pools): no GPU state and no /dev/nvidia* fd is left,
+              so plain CRIU can dump the tree, and the GPU is free (`released_s`)
+              before the image is written; `control_s`;
+  3. write    each arena, as the shim placed it (its reply lists the allocations),
               is copied from the process into <image>/process-<pid>.h5 and fsync'd,
               checksummed per block from the page cache meanwhile
               (gpu_image.save_process); `h5_write_s`, `h5_MBps`;
-  3. detach   each shim unregisters its arena and swaps it for an empty
-              reservation of the same range: CRIU cannot dump it (unlinked shared
-              files, huge pages), and its data is in the .h5 now; `detach_s`;
-  4. control  driver lock + checkpoint of every CUDA process (contexts, modules,
-              stream-ordered pools): no GPU state and no /dev/nvidia* fd is left,
-              so plain CRIU can dump the tree; `control_s`.
+  4. detach   each shim swaps its arena for an empty reservation of the same
+              range: CRIU cannot dump it (unlinked shared files, huge pages), and
+              its data is in the .h5 now; `detach_s`.
+  A pinned arena (GPUCR_ARENA_PIN=1) is unregistered at detach, a CUDA call, so
+  there step 4 comes before step 2 and the GPU is free only after the write.
   `resume()` undoes what was done, in reverse, and the tree runs on as before
   (an aborted checkpoint, or --leave-running after the dump).
 
@@ -94,6 +98,11 @@ class GpuCheckpoint:
         self._shimmed = process_cr.shim_checkpoint(self.targets, self.timeout_ms, self.run_dir)
         self.timings["data_s"] = time.monotonic() - t0
         try:
+            early = all(not _ok(ShimClient(tg.pid, self.run_dir).request("staging_release"), tg.pid,
+                                "freeing the staging ring").get("detach_needs_cuda")
+                        for tg in self._shimmed if tg.cuda)
+            if early:
+                self._control(t0)
             t = time.monotonic()
             for tg in self.targets:
                 self.records.append(self._save(tg))
@@ -108,15 +117,21 @@ class GpuCheckpoint:
                     self._detached.append(rec)
                     rec["arena_bytes"] = r.get("arena_bytes", 0)
             self.timings["detach_s"] = time.monotonic() - t
-            t = time.monotonic()
-            if self.driver:
-                process_cr.driver_checkpoint(self.driver, self.targets, self.timeout_ms)
-                self._driver_done = True
-            self.timings["control_s"] = time.monotonic() - t
+            if not early:
+                self._control(t0)
         except BaseException:
             self.resume()
             raise
         self.timings["gpu_total_s"] = time.monotonic() - t0
+
+    def _control(self, t0: float) -> None:
+        """The driver checkpoint: after it, the tree holds nothing on the GPU."""
+        t = time.monotonic()
+        if self.driver:
+            process_cr.driver_checkpoint(self.driver, self.targets, self.timeout_ms)
+            self._driver_done = True
+        self.timings["control_s"] = time.monotonic() - t
+        self.timings["released_s"] = time.monotonic() - t0
 
     def _save(self, tg) -> dict:
         rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,

@@ -668,23 +668,45 @@ static CUresult any_ctx(void)
     return ctx ? gpucr_use_ctx(ctx) : CUDA_ERROR_INVALID_CONTEXT;
 }
 
-/* After the agent saved the blobs, before the driver checkpoint. */
+/* Before the driver checkpoint of a migration: the staging ring is scratch, yet
+ * CRIU would save all of it (1 GiB at 16 threads) into the image; the next copy
+ * allocates it again. Says whether arena_detach still needs CUDA (a pinned
+ * arena is unregistered) and so must come before the driver checkpoint. */
+void gpucr_cmd_staging_release(struct jbuf *out)
+{
+    char why[200];
+    size_t n = gpucr_staging_bytes();
+    CUresult rc = n ? any_ctx() : CUDA_SUCCESS;
+    if (rc != CUDA_SUCCESS) {
+        snprintf(why, sizeof why, "no CUDA context to free the staging ring with (%s)", cu_name(rc));
+        return err(out, why);
+    }
+    gpucr_staging_release();
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_u64(out, "staging_bytes_freed", n - gpucr_staging_bytes());
+    jb_bool(out, "detach_needs_cuda", gpucr_pin_arena);
+    jb_end(out);
+}
+
+/* After the agent saved the blobs. A pinned arena is unregistered first, which
+ * needs CUDA (so: before the driver checkpoint); an unpinned one needs no CUDA
+ * call, and may go after it, while the driver holds the process locked. */
 void gpucr_cmd_arena_detach(struct jbuf *out)
 {
     char why[200];
     if (state != ST_CHECKPOINTED || !state_cuda)
         return err(out, "not checkpointed with GPU data: nothing to detach");
     double t0 = gpucr_now();
-    CUresult rc = any_ctx();
+    CUresult rc = gpucr_pin_arena ? any_ctx() : CUDA_SUCCESS;
     if (rc != CUDA_SUCCESS) {
         snprintf(why, sizeof why, "no CUDA context to unregister the arena with (%s)", cu_name(rc));
         return err(out, why);
     }
-    if (gpucr_arena_detach(host_unregister) != 0) {
+    if (gpucr_arena_detach(gpucr_pin_arena ? host_unregister : NULL) != 0) {
         snprintf(why, sizeof why, "detaching the arena failed (%s)", strerror(errno));
         return err(out, why);
     }
-    gpucr_staging_release(); /* scratch: not into the process image */
     jb_begin(out);
     jb_bool(out, "ok", 1);
     jb_i64(out, "segments", gpucr_arena_segments());
