@@ -95,6 +95,10 @@ def checkpoint_and_requeue(jobid: str, lead: int) -> None:
             f"checkpoint lead ({lead} s): not checkpointing before it, so that it cannot "
             "requeue forever; ask for a longer --time")
         return
+    if not job.requeue:  # it could only be checkpointed, never brought back by a requeue
+        say(f"job {jobid} was submitted with --no-requeue: not checkpointing it before {why}; "
+            "submit it without --no-requeue to have it checkpointed, requeued and restored")
+        return
     say(f"checkpointing job {jobid} before {why}")
     try:
         result = job_cr.preempt(jobid)

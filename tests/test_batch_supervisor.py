@@ -16,7 +16,7 @@ from gpucr_hpc import manifest as mf
 
 SCONTROL = """#!/bin/sh
 case "$*" in
-  "show job -o 42") echo "JobId=42 UserId=me({uid}) JobState=RUNNING NodeList=(null) TimeLimit=01:00:00 PreemptTime={preempt_time}";;
+  "show job -o 42") echo "JobId=42 UserId=me({uid}) JobState=RUNNING NodeList=(null) TimeLimit=01:00:00 PreemptTime={preempt_time} Requeue={requeue}";;
   *) echo "scontrol: error: unexpected $*" >&2; exit 1;;
 esac
 """
@@ -24,11 +24,11 @@ esac
 
 @pytest.fixture
 def site(tmp_path, monkeypatch):
-    def make(preempted: bool, generation: str | None):
+    def make(preempted: bool, generation: str | None, requeue: int = 1):
         bin_dir = tmp_path / "bin"
         bin_dir.mkdir()
         (bin_dir / "scontrol").write_text(SCONTROL.format(
-            uid=os.getuid(), preempt_time="2025-01-01T00:00:00" if preempted else "None"))
+            uid=os.getuid(), preempt_time="2025-01-01T00:00:00" if preempted else "None", requeue=requeue))
         (bin_dir / "scontrol").chmod(0o755)
         monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
         monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))  # no plugstack.conf beside it
@@ -58,3 +58,11 @@ def test_failed_automatic_checkpoint_says_what_follows(site, capsys, preempted, 
     assert lines[1].startswith("gpucr: automatic checkpoint of job 42 failed: the gpucr SPANK plugin is not in ")
     assert "; the job keeps running until " in lines[1] and expect in lines[1], lines[1]
     assert "goes on from its last checkpoint" not in lines[1]
+
+
+def test_job_that_cannot_be_requeued_is_not_checkpointed(site, capsys):
+    site(True, None, requeue=0)
+    batch_supervisor.checkpoint_and_requeue("42", lead=120)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["gpucr: job 42 was submitted with --no-requeue: not checkpointing it before preemption; "
+                     "submit it without --no-requeue to have it checkpointed, requeued and restored"]
