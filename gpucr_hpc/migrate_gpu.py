@@ -4,11 +4,11 @@ the rest through the driver, the shim's arena out of CRIU's way.
 Checkpoint (`GpuCheckpoint`), on the shimmed and CUDA processes of the tree:
   1. data     the shims quiesce, copy their GPU memory into their host arenas and
               hand the VRAM back (process_cr.shim_checkpoint); `data_s`;
-  2. control  each shim frees its staging ring (scratch, not for the image), then
-              driver lock + checkpoint of every CUDA process (contexts, modules,
+  2. control  driver lock + checkpoint of every CUDA process (contexts, modules,
               stream-ordered pools): no GPU state and no /dev/nvidia* fd is left,
               so plain CRIU can dump the tree, and the GPU is free (`released_s`)
-              before the image is written; `control_s`;
+              before the image is written; `control_s`. Then each shim drops the
+              pages of its staging ring (scratch, not for the image);
   3. write    each arena, as the shim placed it (its reply lists the allocations),
               is copied from the process into <image>/process-<pid>.h5 and fsync'd,
               checksummed per block from the page cache meanwhile
@@ -98,11 +98,13 @@ class GpuCheckpoint:
         self._shimmed = process_cr.shim_checkpoint(self.targets, self.timeout_ms, self.run_dir)
         self.timings["data_s"] = time.monotonic() - t0
         try:
-            early = all(not _ok(ShimClient(tg.pid, self.run_dir).request("staging_release"), tg.pid,
-                                "freeing the staging ring").get("detach_needs_cuda")
-                        for tg in self._shimmed if tg.cuda)
+            early = not any(tg.result.get("checkpoint", {}).get("arena_pinned") for tg in self._shimmed)
             if early:
                 self._control(t0)
+                for tg in self._shimmed:
+                    if tg.cuda:
+                        _ok(ShimClient(tg.pid, self.run_dir).request("staging_drop"), tg.pid,
+                            "dropping the staging ring")
             t = time.monotonic()
             for tg in self.targets:
                 self.records.append(self._save(tg))

@@ -86,9 +86,9 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
         pthread_mutex_lock(&gpucr_cmd_mu);
         gpucr_cmd_arena_detach(out);
         pthread_mutex_unlock(&gpucr_cmd_mu);
-    } else if (!strcmp(req.cmd, "staging_release")) {
+    } else if (!strcmp(req.cmd, "staging_drop")) {
         pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_staging_release(out);
+        gpucr_cmd_staging_drop(out);
         pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "arena_attach")) {
         pthread_mutex_lock(&gpucr_cmd_mu);

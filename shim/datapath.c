@@ -15,6 +15,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "hooks.h"
 
@@ -121,15 +122,21 @@ CUresult gpucr_staging_setup(void)
     return r;
 }
 
-/* Before the process image is written (arena_detach): the ring's contents are
- * scratch, yet CRIU would save all of it (1 GiB at 16 threads) into every image.
- * The next copy allocates it again. Needs a current context. */
-void gpucr_staging_release(void)
+/* The ring's pages dropped (its contents are scratch): see gpucr_cmd_staging_drop.
+ * No CUDA call. A shared mapping keeps its pages behind it: MADV_REMOVE frees
+ * them too (and fails, harmlessly, on a private one). */
+int gpucr_staging_drop(void)
 {
+    int rc = 0;
     pthread_mutex_lock(&staging_mu);
-    if (staging && D.cuMemFreeHost(staging) == CUDA_SUCCESS)
-        staging = NULL;
+    if (staging) {
+        size_t len = (size_t)nslots * SLOT;
+        rc = madvise(staging, len, MADV_DONTNEED);
+        if (rc == 0)
+            (void)madvise(staging, len, MADV_REMOVE);
+    }
     pthread_mutex_unlock(&staging_mu);
+    return rc;
 }
 
 double gpucr_staging_seconds(void) { return staging_s; }

@@ -167,7 +167,7 @@ void gpucr_cmd_status(struct jbuf *out);
 void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out);
 void gpucr_cmd_restore(struct jbuf *out);
 void gpucr_cmd_arena_detach(struct jbuf *out); /* migration: see checkpoint.c */
-void gpucr_cmd_staging_release(struct jbuf *out); /* migration: see checkpoint.c */
+void gpucr_cmd_staging_drop(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_arena_attach(struct jbuf *out);
 /* ipc_legacy.c: a new descriptor for legacy IPC export ID (the caller closes
  * it) and its size; -1 when there is no such export. */

@@ -38,7 +38,7 @@ typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuu
     X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer)             \
     X(cuMemPoolImportPointer) X(cuGetProcAddress_v2) X(cuEventCreate)          \
     X(cuEventRecord) X(cuEventSynchronize) X(cuMemHostAlloc) X(cuDeviceGetCount) \
-    X(cuDeviceGet) X(cuDeviceGetUuid_v2) X(cuMemFreeHost)
+    X(cuDeviceGet) X(cuDeviceGetUuid_v2)
 
 struct gpucr_driver {
 #define GPUCR_FIELD(fn) __typeof__(&fn) fn;
@@ -93,7 +93,7 @@ struct gpucr_copy_stats {
 };
 CUresult gpucr_copy(struct gpucr_phys *const *p, size_t n, int to_host, struct gpucr_copy_stats *st);
 CUresult gpucr_staging_setup(void); /* needs a current context */
-void gpucr_staging_release(void);   /* needs a current context */
+int gpucr_staging_drop(void);        /* no CUDA call */
 double gpucr_staging_seconds(void);
 size_t gpucr_staging_bytes(void);
 CUresult gpucr_use_ctx(CUcontext ctx);
