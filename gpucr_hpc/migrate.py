@@ -180,7 +180,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
             gpu.run()
             gpu_active = True
             timings.update({f"gpu_{k}": v for k, v in gpu.timings.items()})
-            timings["gpu_released_s"] = time.monotonic() - t
+            timings["gpu_released_s"] = (gpu.released_at or time.monotonic()) - t
         # 3. CPU: CRIU dump, to node-local tmpfs when it fits.
         root = _stage_root(int(criu_mod.rss_bytes(tree) * 1.2) + (64 << 20))
         stage = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir=root)) if root else None

@@ -89,6 +89,7 @@ class GpuCheckpoint:
         self._shimmed: list = []
         self._detached: list[dict] = []
         self._driver_done = False
+        self.released_at: float | None = None  # when the tree held nothing on the GPU any more
         self._node: list | None = None  # this node's GPUs, asked for once when needed
 
     # -- checkpoint -------------------------------------------------------------
@@ -133,7 +134,8 @@ class GpuCheckpoint:
             process_cr.driver_checkpoint(self.driver, self.targets, self.timeout_ms)
             self._driver_done = True
         self.timings["control_s"] = time.monotonic() - t
-        self.timings["released_s"] = time.monotonic() - t0
+        self.released_at = time.monotonic()
+        self.timings["released_s"] = self.released_at - t0
 
     def _save(self, tg) -> dict:
         rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
