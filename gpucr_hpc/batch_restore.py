@@ -174,7 +174,7 @@ class RestoreFailed(Exception):
     """The job could not be restored; it was requeued and held with the reason."""
 
 
-def _give_up(jobid: str, reason: str) -> RestoreFailed:
+def give_up(jobid: str, reason: str) -> RestoreFailed:
     log(reason)
     print(reason, file=sys.stderr, flush=True)
     slurm.requeue_hold(jobid, reason)
@@ -192,7 +192,7 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
         gen = job_images.restore_target(job_dir)
         m = check_generation(gen, jobid)
     except GpucrError as e:
-        raise _give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}") from e
     log(f"restoring job {jobid} from {gen}")
     t0 = time.monotonic()
     put_back_outputs(gen, m)
@@ -207,7 +207,7 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     except GpucrError as e:
         if batch is not None:
             batch["_launcher"].kill()
-        raise _give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
     steps = (batch or {}).get("timings") or {}  # CRIU and GPU parts: the figures of a restore
     log(f"batch tree restored in {time.monotonic() - t0:.2f} s "
         + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s")}))
@@ -222,7 +222,7 @@ def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | N
     except GpucrError as e:
         if launcher is not None:
             launcher.kill()
-        raise _give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
     if rc is not None:
         hand_status(m, rc)
     return rc

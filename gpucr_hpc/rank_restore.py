@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from gpucr_hpc import manifest as mf
-from gpucr_hpc.batch_restore import restore_unit
+from gpucr_hpc.batch_restore import give_up, open_log, restore_unit
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
@@ -53,8 +53,14 @@ def main(argv=None) -> int:
         rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit))
     except (GpucrError, IndexError) as e:
         msg = e.one_line() if isinstance(e, GpucrError) else f"no rank {procid} in {gen}"
-        print(f"gpucr: error: restore of rank {procid} of job {jobid} failed: {msg}",
-              file=sys.stderr, flush=True)
+        # Not a failed step after which the script would run on without the ranks'
+        # work: the job is requeued and held, the image kept, as for the script's tree.
+        try:
+            open_log(gen.parent)
+            give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {msg}; "
+                           f"fix that, then gpucr-hpc restore {jobid} --from N")
+        except GpucrError as held:
+            print(f"gpucr: error: holding job {jobid} failed: {held.one_line()}", file=sys.stderr, flush=True)
         return 1
     return rep["_launcher"].wait()
 

@@ -3,6 +3,7 @@
 * a node agent killed in the middle of a checkpoint: aborted, the job runs on;
 * the image store full: aborted, the previous generation intact, the job runs on;
 * a rank's image missing at restore: the job is held with the reason, the image untouched;
+* a rank whose restore fails on its node: the same, and the script does not go on past srun;
 * a preempt whose requeue fails: the checkpoint is committed, the job runs on;
 * a preempt of a job that cannot be requeued: refused before anything happens.
 """
@@ -201,6 +202,52 @@ def test_missing_rank_image_holds_job_with_reason_and_keeps_image(slurm_cluster,
         slurm_cluster.run("scancel", jobid, check=False)
         if hidden.exists():
             hidden.rename(rank)
+
+
+def test_rank_that_cannot_be_restored_holds_the_job(slurm_cluster, workdir):
+    """Rank 1's count file is gone at restore: its restore fails on its node. The
+    job must not go on past `srun` without that rank's work: it is held with the
+    reason, and once the file is back, restoring the same generation goes on."""
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+srun --ntasks=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt 100000'
+echo "after srun rc=$?"
+""")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N1", "--ntasks=2", "-o", str(workdir / "job.out"))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    logs = [workdir / f"rank-{r}.txt" for r in range(2)]
+    wait_for(lambda: all(len(numbers(p)) > 10 for p in logs), what="the job to count")
+    gen = slurm_cluster.state / "images" / jobid / "gen-1"
+    moved = workdir / "rank-1.txt.moved-by-test"
+    try:
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        slurm_cluster.run("scancel", jobid)
+        slurm_cluster.wait_state(jobid, {"CANCELLED", "COMPLETED", "FAILED"}, timeout=60)
+        before = tree_digest(gen)
+        logs[1].rename(moved)
+        gpucr(slurm_cluster, "restore", jobid)
+        comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
+        wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
+                 what="the job to be held with the reason")
+        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=60)
+        assert "held" in info["Reason"], info
+        assert "rank 1 of gen-1" in comment() and "rank-1.txt" in comment(), comment()
+        assert "after srun" not in (workdir / "job.out").read_text()
+        assert tree_digest(gen) == before, "the failed restore changed the image"
+        # The file back, the same generation restores, and every rank counts on.
+        moved.rename(logs[1])
+        gpucr(slurm_cluster, "restore", jobid, "--from", "1")
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+        n = [len(numbers(p)) for p in logs]
+        wait_for(lambda: all(len(numbers(p)) > k + 5 for p, k in zip(logs, n)),
+                 what="the restored ranks to count on")
+        for p in logs:
+            got = numbers(p)
+            assert got == list(range(len(got))), "a rank repeated or skipped values"
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+        if moved.exists():
+            moved.rename(logs[1])
 
 
 def test_node_failure_during_restore_restores_again_elsewhere(slurm_cluster, workdir):
