@@ -74,9 +74,9 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], hold_gpu: boo
     foreign = foreign_connections(tree)
     if foreign:
         raise GpucrError(f"{unit.name} on {unit.node} has a network connection that cannot move "
-                         f"({foreign[0]})",
-                         "ranks connected to other nodes (MPI, NCCL, gloo over TCP) cannot be "
-                         "migrated; the job keeps running")
+                         f"({foreign[0]}): its peer is outside the process tree",
+                         "processes connected by TCP to another rank, another node or a server "
+                         "(MPI, NCCL, gloo, a TCP store) cannot be checkpointed")
     rep = migrate.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, hold_gpu=hold_gpu)
     saved = {}
     if unit.name == "batch":
