@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from gpucr_hpc import job_images, slurm
+from gpucr_hpc import gpu_steer, job_images, slurm
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site, require_plugin
@@ -166,6 +166,9 @@ def preempt(jobid: str) -> dict:
                          f"is committed and {state}",
                          f"see `scontrol show job {jobid}`; restore it later with gpucr-hpc restore {jobid}")
     result["requeue_s"] = time.monotonic() - t
+    steered = gpu_steer.steer(job, load_site().gpu_feature)
+    if steered:
+        result["gpu_steering"] = steered
     return result
 
 
@@ -189,4 +192,8 @@ def restore(jobid: str, gen: int | None = None) -> dict:
             slurm.release(jobid)  # held by a failed restore: try again with this generation
         return {"job": job.id, "generation": target.name, "requeued": False}
     slurm.requeue(jobid)
-    return {"job": job.id, "generation": target.name, "requeued": True}
+    out = {"job": job.id, "generation": target.name, "requeued": True}
+    steered = gpu_steer.steer(job, site.gpu_feature)
+    if steered:
+        out["gpu_steering"] = steered
+    return out

@@ -4,6 +4,7 @@ CPU workloads: every piece (plugin, srun wrapper, node agents in an MPI
 world, CRIU, the restorer that replaces the requeued script) is the real one.
 """
 
+import json
 import os
 import sys
 import time
@@ -47,6 +48,29 @@ def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):
 
     ls = gpucr(slurm_cluster, "ls", jobid, "--json")
     assert '"gen-2"' in ls.stdout and '"committed": true' in ls.stdout
+
+
+def test_requeued_gpu_job_is_steered_to_its_gpu_model(slurm_cluster, workdir):
+    """plugstack gpu_feature= names the features of GPU models (the test cluster's:
+    gpu_nvidia,gpu_fake,gpu_h100): a preempted job that asked for GPUs is requeued
+    with those its node has added to its constraint, and restored as before."""
+    steps = 200
+    log = workdir / "count.txt"
+    script = counting_script(workdir, log, steps)
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "--gres=gpu:1", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+    node = slurm_cluster.job(jobid)["NodeList"]
+    have = slurm_cluster.run("scontrol", "show", "node", "-o", node).stdout
+    want = [f for f in ("gpu_nvidia", "gpu_fake", "gpu_h100") if f in have.split("AvailableFeatures=")[1].split()[0]]
+
+    pre = gpucr(slurm_cluster, "preempt", jobid, "--json")
+    assert json.loads(pre.stdout)["gpu_steering"] == "&".join(want), pre.stdout
+    assert slurm_cluster.job(jobid)["Features"] == "&".join(want)
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (out.read_text(), info)
+    assert_counted_once(log, steps)
 
 
 def test_checkpoint_of_a_job_not_running_is_refused(slurm_cluster, workdir):
