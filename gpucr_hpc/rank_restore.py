@@ -11,12 +11,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.batch_restore import give_up, open_log, restore_unit
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
+
+LAUNCH_SETTLE_S = 3.0
 
 
 def _is_open(fd: int) -> bool:
@@ -42,6 +45,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gpucr_hpc.rank_restore")
     p.add_argument("--gen-dir", required=True)
     args = p.parse_args(argv)
+    started = time.monotonic()
     gen = Path(args.gen_dir)
     procid = int(os.environ["SLURM_PROCID"])
     jobid = os.environ["SLURM_JOB_ID"]
@@ -55,6 +59,9 @@ def main(argv=None) -> int:
         msg = e.one_line() if isinstance(e, GpucrError) else f"no rank {procid} in {gen}"
         # Not a failed step after which the script would run on without the ranks'
         # work: the job is requeued and held, the image kept, as for the script's tree.
+        # A kill that reaches slurmd (22.05) while this step's tasks are still being
+        # launched can be lost, and the job then stays COMPLETING: let the launch end.
+        time.sleep(max(0.0, LAUNCH_SETTLE_S - (time.monotonic() - started)))
         try:
             open_log(gen.parent)
             give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {msg}; "

@@ -229,7 +229,8 @@ echo "after srun rc=$?"
         comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
         wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
                  what="the job to be held with the reason")
-        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=60)
+        # Slurm ends the restored rank 0 and the script (KillWait) before the job is PENDING.
+        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=180)
         assert "held" in info["Reason"], info
         assert "rank 1 of gen-1" in comment() and "rank-1.txt" in comment(), comment()
         assert "after srun" not in (workdir / "job.out").read_text()
