@@ -254,7 +254,11 @@ def run_yield(args) -> int:
 
 def run_reclaim(args) -> int:
     comm, MIN = world()
-    rep = _in_place(json.loads(args.job_json), "restore")
+    return _report_in_place(comm, MIN, _in_place(json.loads(args.job_json), "restore"))
+
+
+def _report_in_place(comm, MIN, rep: dict) -> int:
+    """This node's report, then (rank 0) the job's result: ok only if every node's is."""
     print(json.dumps({"node_report": rep}), flush=True)
     reports = comm.gather(rep, root=0)
     ok = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
@@ -279,12 +283,7 @@ def run_resume_held(args) -> int:
     errors = early + resume_held(gen_dir, mine)
     rep = {"node": node, "ok": not errors, "errors": errors, "seconds": time.monotonic() - t0,
            "units": [{"unit": u["name"], "bytes": u.get("bytes", 0), "gpu_processes": 1} for u in mine]}
-    print(json.dumps({"node_report": rep}), flush=True)
-    reports = comm.gather(rep, root=0)
-    ok = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
-    if comm.rank == 0:
-        print(json.dumps({"result": _in_place_result(reports, bool(ok))}), flush=True)
-    return 0
+    return _report_in_place(comm, MIN, rep)
 
 
 def _in_place_result(reports: list[dict], ok: bool) -> dict:

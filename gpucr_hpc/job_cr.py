@@ -157,7 +157,7 @@ def preempt(jobid: str) -> dict:
     result = checkpoint(jobid, hold_gpu=True, job=job)
     t = time.monotonic()
     try:
-        slurm.requeue(jobid)
+        steering = _requeue(job)
     except GpucrError as e:
         back, _, why = launch_agents(job, ["resume-held", "--gen-dir", result["image"]])
         state = ("the job runs on with its GPU state" if back and back["ok"] else
@@ -166,10 +166,15 @@ def preempt(jobid: str) -> dict:
                          f"is committed and {state}",
                          f"see `scontrol show job {jobid}`; restore it later with gpucr-hpc restore {jobid}")
     result["requeue_s"] = time.monotonic() - t
+    return {**result, **steering}
+
+
+def _requeue(job: slurm.Job) -> dict:
+    """scontrol requeue, then the job steered to its GPU model (gpu_steer):
+    {"gpu_steering": what was added, or why not} when there was anything to say."""
+    slurm.requeue(job.id)
     steered = gpu_steer.steer(job, load_site().gpu_feature)
-    if steered:
-        result["gpu_steering"] = steered
-    return result
+    return {"gpu_steering": steered} if steered else {}
 
 
 def restore(jobid: str, gen: int | None = None) -> dict:
@@ -191,9 +196,4 @@ def restore(jobid: str, gen: int | None = None) -> dict:
         if "held" in job.raw.get("Reason", "").lower():
             slurm.release(jobid)  # held by a failed restore: try again with this generation
         return {"job": job.id, "generation": target.name, "requeued": False}
-    slurm.requeue(jobid)
-    out = {"job": job.id, "generation": target.name, "requeued": True}
-    steered = gpu_steer.steer(job, site.gpu_feature)
-    if steered:
-        out["gpu_steering"] = steered
-    return out
+    return {"job": job.id, "generation": target.name, "requeued": True, **_requeue(job)}

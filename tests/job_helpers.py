@@ -45,6 +45,29 @@ def assert_counted_once(path: Path, steps: int):
     assert got == list(range(steps)), f"{path}: repeated or skipped values: {got[:5]}...{got[-5:]}"
 
 
+def finished_after_one_restart(cluster, jobid: str, out: Path, log: Path, steps: int) -> str:
+    """The job ran to completion through exactly one requeue and restore: counted
+    once from 0 to steps, its script started once. Returns the job's output."""
+    info = cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    assert info["JobState"] == "COMPLETED", (out.read_text(), info)
+    assert info["Restarts"] == "1"
+    assert_counted_once(log, steps)
+    text = out.read_text()
+    assert text.count("start restart=0") == 1 and "start restart=1" not in text, text
+    return text
+
+
+def ranks_count_on(cluster, jobid: str, logs: list[Path]):
+    """The job's restored ranks run and count on, none from the top, none skipping."""
+    cluster.wait_state(jobid, "RUNNING", timeout=60)
+    n = [len(numbers(p)) for p in logs]
+    wait_for(lambda: all(len(numbers(p)) > k + 5 for p, k in zip(logs, n)),
+             what="the restored ranks to count on")
+    for p in logs:
+        got = numbers(p)
+        assert got == list(range(len(got))), "a rank repeated or skipped values"
+
+
 @pytest.fixture
 def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("job")

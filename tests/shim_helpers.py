@@ -28,6 +28,19 @@ def build_shim() -> Path:
     return _built
 
 
+def root_criu_or_skip():
+    """The CRIU to use, as root; the test is skipped without root or CRIU >= 4.1."""
+    from gpucr_hpc import criu as criu_mod
+    from gpucr_hpc.errors import GpucrError
+
+    if os.geteuid() != 0:
+        pytest.skip("CRIU dump/restore of a process tree needs root here")
+    try:
+        return criu_mod.find_criu()
+    except GpucrError as e:
+        pytest.skip(f"CRIU >= 4.1 not available: {e.one_line()}")
+
+
 def shim_env(run_dir: Path, **extra) -> dict:
     env = dict(os.environ)
     env["LD_PRELOAD"] = str(build_shim())

@@ -17,10 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucr_hpc import criu as criu_mod
 from gpucr_hpc import gpu_inventory
-from gpucr_hpc.errors import GpucrError
-from shim_helpers import REPO, build_shim
+from shim_helpers import REPO, build_shim, root_criu_or_skip
 
 
 @pytest.mark.gpu
@@ -29,12 +27,7 @@ def test_pytorch_process_restores_onto_the_other_gpu(tmp_path):
     here = gpu_inventory.node_gpus()
     if len(here) < 2 or here[0].model != here[1].model:
         pytest.skip(f"needs two GPUs of one model, this machine has {[g.model for g in here]}")
-    if os.geteuid() != 0:
-        pytest.skip("CRIU dump/restore of a process tree needs root here")
-    try:
-        criu_mod.find_criu()
-    except GpucrError as e:
-        pytest.skip(f"CRIU >= 4.1 not available: {e.one_line()}")
+    root_criu_or_skip()
     build_shim()
     results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
     out = results / "gpu-remap-test.json"

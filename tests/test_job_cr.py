@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import (assert_counted_once, counting_script, gpucr, numbers,  # noqa: F401
-                         wait_for, workdir)
+from job_helpers import (assert_counted_once, counting_script, finished_after_one_restart, gpucr,  # noqa: F401
+                         numbers, wait_for, workdir)
 
 
 def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):
@@ -38,12 +38,7 @@ def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):
 
     pre = gpucr(slurm_cluster, "preempt", jobid)
     assert "gen-2" in pre.stdout
-    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
-    assert info["JobState"] == "COMPLETED", (out.read_text(), info)
-    assert info["Restarts"] == "1"
-    assert_counted_once(log, steps)
-    text = out.read_text()
-    assert text.count("start restart=0") == 1 and "start restart=1" not in text, text
+    text = finished_after_one_restart(slurm_cluster, jobid, out, log, steps)
     assert text.count("after python") == 1, text
 
     ls = gpucr(slurm_cluster, "ls", jobid, "--json")
@@ -68,9 +63,7 @@ def test_requeued_gpu_job_is_steered_to_its_gpu_model(slurm_cluster, workdir):
     pre = gpucr(slurm_cluster, "preempt", jobid, "--json")
     assert json.loads(pre.stdout)["gpu_steering"] == "&".join(want), pre.stdout
     assert slurm_cluster.job(jobid)["Features"] == "&".join(want)
-    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (out.read_text(), info)
-    assert_counted_once(log, steps)
+    finished_after_one_restart(slurm_cluster, jobid, out, log, steps)
 
 
 def test_checkpoint_of_a_job_not_running_is_refused(slurm_cluster, workdir):

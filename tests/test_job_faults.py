@@ -20,7 +20,7 @@ if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
 from gpucr_hpc.image_store import tree_digest  # noqa: E402
-from job_helpers import gpucr, numbers, wait_for, workdir  # noqa: E402,F401
+from job_helpers import gpucr, numbers, ranks_count_on, wait_for, workdir  # noqa: E402,F401
 
 
 def start_counting_job(cluster, workdir, ntasks=1, steps=100000, extra=()):
@@ -191,13 +191,7 @@ def test_missing_rank_image_holds_job_with_reason_and_keeps_image(slurm_cluster,
         hidden.rename(rank)
         r = gpucr(slurm_cluster, "restore", jobid, "--from", "1")
         assert "restoring from gen-1" in r.stdout
-        slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
-        n = [len(numbers(p)) for p in logs]
-        wait_for(lambda: all(len(numbers(p)) > k + 5 for p, k in zip(logs, n)),
-                 what="the restored ranks to count on")
-        for p in logs:
-            got = numbers(p)
-            assert got == list(range(len(got))), "a rank repeated or skipped values"
+        ranks_count_on(slurm_cluster, jobid, logs)
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
         if hidden.exists():
@@ -238,13 +232,7 @@ echo "after srun rc=$?"
         # The file back, the same generation restores, and every rank counts on.
         moved.rename(logs[1])
         gpucr(slurm_cluster, "restore", jobid, "--from", "1")
-        slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
-        n = [len(numbers(p)) for p in logs]
-        wait_for(lambda: all(len(numbers(p)) > k + 5 for p, k in zip(logs, n)),
-                 what="the restored ranks to count on")
-        for p in logs:
-            got = numbers(p)
-            assert got == list(range(len(got))), "a rank repeated or skipped values"
+        ranks_count_on(slurm_cluster, jobid, logs)
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
         if moved.exists():

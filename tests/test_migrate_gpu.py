@@ -20,10 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpucr_hpc import criu as criu_mod
 from gpucr_hpc import gpu_image, image_store
 from gpucr_hpc.errors import GpucrError
-from shim_helpers import REPO, build_shim
+from shim_helpers import REPO, build_shim, root_criu_or_skip
 
 HOLDER = r"""
 import sys, numpy as np
@@ -75,12 +74,7 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
 def test_pytorch_process_migrates_bit_identically(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("h5py")
-    if os.geteuid() != 0:
-        pytest.skip("CRIU dump/restore of a process tree needs root here")
-    try:
-        criu_mod.find_criu()
-    except GpucrError as e:
-        pytest.skip(f"CRIU >= 4.1 not available: {e.one_line()}")
+    root_criu_or_skip()
     build_shim()
     results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
     out = results / "migrate-gpu-test.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from job_helpers import COUNTER, assert_counted_once, numbers, wait_for
+from job_helpers import COUNTER, assert_counted_once, finished_after_one_restart, numbers, wait_for
 from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
@@ -75,12 +75,7 @@ def test_ordinary_users_job_is_checkpointed_requeued_and_restored(slurm_cluster,
 
     pre = gpucr_as(a, "preempt", jobid, env=env)
     assert pre.returncode == 0, pre.stderr
-    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
-    assert info["JobState"] == "COMPLETED", (out.read_text(), info)
-    assert info["Restarts"] == "1"
-    assert_counted_once(log, steps)
-    text = out.read_text()
-    assert text.count("start restart=0") == 1 and "start restart=1" not in text, text
+    text = finished_after_one_restart(slurm_cluster, jobid, out, log, steps)
     assert f"uid={a.pw_uid}" in text and text.count("after python") == 1, text
     ls = gpucr_as(a, "ls", jobid, "--json", env=env)
     assert ls.returncode == 0 and '"gen-2"' in ls.stdout
