@@ -35,6 +35,7 @@ from gpucr_hpc import process_cr  # noqa: E402
 from gpucr_hpc.driver_nvidia import NvidiaDriver  # noqa: E402
 from gpucr_hpc.shim_client import ShimClient  # noqa: E402
 from shim_gpu_verify import Proc, gpu_used_mib, smi  # noqa: E402
+from vram_sampler import VramSampler  # noqa: E402
 
 STEPS, PACE_MS = 600, 200  # paced while measured; SIGUSR1 lets it finish
 
@@ -83,16 +84,26 @@ def finish(p: Proc) -> list[str]:
     return p.lines if rc == 0 else p.lines + [f"exit {rc}"]
 
 
+def hand_back(s: VramSampler, used_before: int, data_bytes: int) -> dict:
+    """When the GPU memory went: the data (all of the footprint's bytes gone
+    from the GPU) and everything (the lowest level seen)."""
+    low = s.lowest()
+    return {"data_handed_back_s": s.first_at_or_below(used_before - 0.99 * data_bytes / 2**20),
+            "all_handed_back_s": s.first_at_or_below(low + 8), "lowest_mib": low,
+            "sample_period_s": s.period_s, "samples": len(s.samples)}
+
+
 def driver_only(args, gib) -> dict:
     p = start(args, gib, False, Path("/tmp"))
     try:
         drv = NvidiaDriver()
         used = gpu_used_mib()
-        t0 = time.monotonic()
-        drv.lock(p.p.pid, 60000)
-        t1 = time.monotonic()
-        drv.checkpoint(p.p.pid)
-        t_cp = time.monotonic()
+        with VramSampler() as vs:
+            t0 = time.monotonic()
+            drv.lock(p.p.pid, 60000)
+            t1 = time.monotonic()
+            drv.checkpoint(p.p.pid)
+            t_cp = time.monotonic()
         after = gpu_used_mib()
         t2 = time.monotonic()
         drv.restore(p.p.pid)
@@ -102,6 +113,7 @@ def driver_only(args, gib) -> dict:
         ok = p.wait_steps(p.steps() + 2, 60)
         lines = finish(p)
         return {"used_mib_before": used, "used_mib_after_checkpoint": after, "lock_s": t1 - t0,
+                "vram": hand_back(vs, vs.samples[0][1], int(gib * 2**30)),
                 "checkpoint_s": t_cp - t0, "restore_s": t4 - t2, "unlock_s": t4 - t3, "continued": ok,
                 "_lines": lines}
     finally:
@@ -128,11 +140,13 @@ def gpucr(args, gib) -> dict:
         cycles = []
         for _ in range(args.cycles):
             used = gpu_used_mib()
-            cp = process_cr.checkpoint_tree(pid, timeout_ms=60000, run_dir=run_dir)
+            with VramSampler() as vs:
+                cp = process_cr.checkpoint_tree(pid, timeout_ms=60000, run_dir=run_dir)
             after = gpu_used_mib()
             rs = process_cr.restore_tree(pid, run_dir=run_dir)
             shim_cp, shim_rs = cp["processes"][0], rs["processes"][0]
             cycles.append({"used_mib_before": used, "used_mib_after_checkpoint": after, "bytes": cp["bytes"],
+                           "vram": hand_back(vs, vs.samples[0][1], cp["bytes"]),
                            "checkpoint": {**cp["phases"], "shim": {k: shim_cp[k] for k in SHIM_KEYS if k in shim_cp}},
                            "restore": {**rs["phases"], "shim": {k: shim_rs[k] for k in SHIM_KEYS if k in shim_rs}}})
         ok = p.wait_steps(p.steps() + 2, 60)

@@ -23,7 +23,6 @@
 #ifndef GPUCR_SLOT
 #define GPUCR_SLOT (32u << 20) /* one DMA: 0.6 ms; one memcpy of it: ~8 ms per thread */
 #endif
-#define SLOT GPUCR_SLOT
 #define MAX_THREADS 32
 #define DEFAULT_THREADS 16 /* H100, 16 GiB: checkpoint + restore 1.42 s (16), 1.47 (12), 1.62 (8) */
 #define MAX_SLOTS (2 * MAX_THREADS)
@@ -41,6 +40,7 @@ static struct ctx_res res[MAX_CTX];
 static int nres;
 
 static char *staging;
+static size_t slot_bytes; /* one DMA, one memcpy: GPUCR_COPY_SLOT_MIB */
 static int nslots, nthreads;
 static double staging_s;
 static pthread_mutex_t staging_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -89,6 +89,16 @@ static int copy_threads(void)
     return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
 }
 
+/* GPUCR_COPY_SLOT_MIB: 1..256 MiB per DMA and per memcpy, else GPUCR_SLOT bytes */
+static size_t copy_slot_bytes(void)
+{
+    const char *v = getenv("GPUCR_COPY_SLOT_MIB");
+    if (!(v && *v))
+        return GPUCR_SLOT;
+    long mib = atol(v);
+    return (size_t)(mib < 1 ? 1 : mib > 256 ? 256 : mib) << 20;
+}
+
 /* GPUCR_ARENA_PIN=1/0, else automatic: with fewer than 4 CPUs the workers
  * cannot keep up with the copy engines (~6.6 GB/s each), and pinning costs less. */
 void gpucr_datapath_init(void)
@@ -109,9 +119,11 @@ CUresult gpucr_staging_setup(void)
     if (!staging && !gpucr_pin_arena) {
         double t0 = gpucr_now();
         int t = copy_threads();
+        size_t sb = copy_slot_bytes();
         void *p = NULL;
-        r = D.cuMemHostAlloc(&p, (size_t)2 * t * SLOT, CU_MEMHOSTALLOC_PORTABLE);
+        r = D.cuMemHostAlloc(&p, (size_t)2 * t * sb, CU_MEMHOSTALLOC_PORTABLE);
         if (r == CUDA_SUCCESS) {
+            slot_bytes = sb;
             nthreads = t;
             nslots = 2 * t;
             staging = p;
@@ -130,7 +142,7 @@ int gpucr_staging_drop(void)
     int rc = 0;
     pthread_mutex_lock(&staging_mu);
     if (staging) {
-        size_t len = (size_t)nslots * SLOT;
+        size_t len = (size_t)nslots * slot_bytes;
         rc = madvise(staging, len, MADV_DONTNEED);
         if (rc == 0)
             (void)madvise(staging, len, MADV_REMOVE);
@@ -140,7 +152,7 @@ int gpucr_staging_drop(void)
 }
 
 double gpucr_staging_seconds(void) { return staging_s; }
-size_t gpucr_staging_bytes(void) { return staging ? (size_t)nslots * SLOT : 0; }
+size_t gpucr_staging_bytes(void) { return staging ? (size_t)nslots * slot_bytes : 0; }
 
 /* ---- direct: the arena is pinned -------------------------------------------- */
 
@@ -203,7 +215,7 @@ struct pipe {
     int abort;
 };
 
-static char *slot_buf(size_t i) { return staging + (i % (size_t)nslots) * SLOT; }
+static char *slot_buf(size_t i) { return staging + (i % (size_t)nslots) * slot_bytes; }
 
 static void pipe_fail(struct pipe *pp, CUresult rc)
 {
@@ -300,7 +312,7 @@ static CUresult copy_bounce(struct gpucr_phys *const *ps, size_t n, int to_host,
     pp.to_host = to_host;
     size_t nu = 0;
     for (size_t i = 0; i < n; i++)
-        nu += (ps[i]->size + SLOT - 1) / SLOT;
+        nu += (ps[i]->size + slot_bytes - 1) / slot_bytes;
     pp.u = calloc(nu ? nu : 1, sizeof *pp.u);
     pp.done = calloc(nu ? nu : 1, 1);
     if (!pp.u || !pp.done) {
@@ -316,9 +328,9 @@ static CUresult copy_bounce(struct gpucr_phys *const *ps, size_t n, int to_host,
             free(pp.done);
             return rc != CUDA_SUCCESS ? rc : CUDA_ERROR_OUT_OF_MEMORY;
         }
-        for (size_t off = 0; off < p->size; off += SLOT)
+        for (size_t off = 0; off < p->size; off += slot_bytes)
             pp.u[pp.n++] = (struct unit){p->copy_va + off, (char *)p->host + off,
-                                         p->size - off < SLOT ? p->size - off : SLOT, cr};
+                                         p->size - off < slot_bytes ? p->size - off : slot_bytes, cr};
     }
     pp.ctx0 = pp.n ? pp.u[0].r->ctx : NULL;
     pthread_mutex_init(&pp.mu, NULL);
@@ -372,5 +384,6 @@ void gpucr_datapath_after_fork_child(void)
     nres = 0;
     staging = NULL;
     nslots = nthreads = 0;
+    slot_bytes = 0;
     staging_s = 0;
 }
