@@ -26,9 +26,11 @@ struct fstream {
     unsigned long head, tail; /* ops queued / done */
     pthread_t th;
 };
-static struct fstream fs[8];
+#define MAX_FS 16 /* each gpucr_datapath_after_fork_child() makes the next copy create its streams anew */
+static struct fstream fs[MAX_FS];
 static int nfs;
-static unsigned long ev_recorded[256], ev_done[256];
+#define MAX_EV 512
+static unsigned long ev_recorded[MAX_EV], ev_done[MAX_EV];
 static int nev;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -80,7 +82,7 @@ static CUresult f_stream(CUstream *s, unsigned f)
 {
     (void)f;
     pthread_mutex_lock(&mu);
-    CHECK(nfs < 8);
+    CHECK(nfs < MAX_FS);
     *s = (CUstream)(uintptr_t)(nfs + 1);
     pthread_create(&fs[nfs].th, NULL, gpu, &fs[nfs]);
     nfs++;
@@ -91,7 +93,7 @@ static CUresult f_event(CUevent *e, unsigned f)
 {
     (void)f;
     pthread_mutex_lock(&mu);
-    CHECK(nev < 256);
+    CHECK(nev < MAX_EV);
     *e = (CUevent)(uintptr_t)nev++;
     pthread_mutex_unlock(&mu);
     return CUDA_SUCCESS;
@@ -193,6 +195,48 @@ int main(void)
         }
     }
     PASS("datapath: bounce copies arrive whole both ways (1, 3, 8 workers, slots reused)");
+
+    /* GPUCR_COPY_SLOT_MIB=1: 1 MiB slots; buffers of 2.5 and 3 MiB span several */
+    {
+        size_t big[] = {(5u << 20) / 2, 3u << 20, 12345};
+        enum { NB = sizeof big / sizeof big[0] };
+        struct gpucr_phys bp[NB], *bps[NB];
+        unsigned char *bd[NB], *bh[NB], *br[NB];
+        setenv("GPUCR_COPY_THREADS", "3", 1);
+        setenv("GPUCR_COPY_SLOT_MIB", "1", 1);
+        gpucr_datapath_after_fork_child();
+        for (int i = 0; i < NB; i++) {
+            memset(&bp[i], 0, sizeof bp[i]);
+            bd[i] = malloc(big[i]);
+            bh[i] = malloc(big[i]);
+            br[i] = malloc(big[i]);
+            fill(br[i], big[i], 7u + (unsigned)i);
+            memcpy(bd[i], br[i], big[i]);
+            memset(bh[i], 0xee, big[i]);
+            bp[i].size = big[i];
+            bp[i].ctx = (void *)1;
+            bp[i].copy_va = (uint64_t)(uintptr_t)bd[i];
+            bp[i].host = bh[i];
+            bps[i] = &bp[i];
+        }
+        struct gpucr_copy_stats st;
+        CHECK(gpucr_copy(bps, NB, 1, &st) == CUDA_SUCCESS);
+        CHECK(gpucr_staging_bytes() == (size_t)2 * 3 * (1u << 20)); /* two 1 MiB slots a worker */
+        for (int i = 0; i < NB; i++) {
+            CHECK(memcmp(bh[i], br[i], big[i]) == 0);
+            memset(bd[i], 0x11, big[i]);
+        }
+        CHECK(gpucr_copy(bps, NB, 0, &st) == CUDA_SUCCESS);
+        for (int i = 0; i < NB; i++) {
+            CHECK(memcmp(bd[i], br[i], big[i]) == 0);
+            free(bd[i]);
+            free(bh[i]);
+            free(br[i]);
+        }
+        unsetenv("GPUCR_COPY_SLOT_MIB");
+        gpucr_datapath_after_fork_child(); /* back to GPUCR_SLOT for the tests below */
+    }
+    PASS("datapath: GPUCR_COPY_SLOT_MIB sets the slot; copies across several slots arrive whole");
     for (int k = 1; k < 40; k += 7) { /* a copy fails mid-way: the error, no hang */
         struct gpucr_copy_stats st;
         calls = 0;
