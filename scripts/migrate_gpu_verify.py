@@ -34,10 +34,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
 TRAIN = REPO / "tests" / "shim_workloads" / "train_torch.py"
 
 from gpucr_hpc import gpu_image  # noqa: E402
 from gpucr_hpc.criu import is_alive as alive  # noqa: E402
+from fs_rates import drop_cache, rates  # noqa: E402
 
 
 def smi(query: str) -> list[str]:
@@ -118,27 +120,6 @@ def reference(ctx: Ctx) -> dict:
             **({} if ok else {"error": err.read_text()[-1500:]})}
 
 
-def fs_write_bandwidth(root: Path, nbytes: int) -> dict:
-    """Sequential write of nbytes (fsync'd) where the images go, in 64 MiB writes, each
-    handed to the disk at once (sync_file_range, as the image writer does)."""
-    path = root / "fs-bandwidth.tmp"
-    buf = os.urandom(64 << 20)
-    t = time.monotonic()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        done = 0
-        while done < nbytes:
-            n = os.write(fd, buf)
-            gpu_image._start_writeback(fd, done, n)
-            done += n
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    secs = time.monotonic() - t
-    path.unlink()
-    return {"bytes": done, "seconds": round(secs, 3), "MBps": round(done / secs / 1e6, 1)}
-
-
 def image_facts(img: Path) -> dict:
     m = json.loads((img / "manifest.json").read_text())
     h5 = sorted(img.glob("process-*.h5"))
@@ -199,6 +180,7 @@ def scenario_kill(ctx: Ctx) -> dict:
                    gpu_used_mib_after_checkpoint=int(smi("memory.used")[0]),
                    no_progress_after_checkpoint=steps(out) == at, process_gone=not alive(p.pid),
                    image=image_facts(img))
+        drop_cache(img)  # the restore reads the image from the disk, not from memory
         res["restore"] = restore(ctx, img, out)
     except Exception as e:  # noqa: BLE001 - reported, with the process's stderr
         res["error"] = f"{type(e).__name__}: {e}"
@@ -249,6 +231,9 @@ def checks(res: dict) -> dict:
     if k is not None and "checkpoint" in k and res.get("fs_write"):
         res["h5_write_vs_fs_write"] = round(k["checkpoint"]["timings"].get("gpu_h5_MBps", 0)
                                             / res["fs_write"]["MBps"], 3)
+    read = ((k or {}).get("restore") or {}).get("timings", {}).get("gpu_h5_read_MBps")
+    if read and res.get("fs_read"):
+        res["h5_read_vs_fs_read"] = round(read / res["fs_read"]["MBps"], 3)
     lr = res.get("leave_running")
     if lr is not None:
         ck["leave_no_error"] = "error" not in lr
@@ -292,7 +277,9 @@ def main():
         Path(args.out).write_text(json.dumps(res, indent=2, sort_keys=True) + "\n")
 
     res["reference"] = reference(ctx)
-    res["fs_write"] = fs_write_bandwidth(ctx.root, int(args.ballast_gib * 2**30) + (256 << 20))
+    fs = rates(ctx.root, int(args.ballast_gib * 2**30) + (256 << 20))  # as much as the GPU data
+    res["fs_write"] = {"bytes": fs["bytes"], "seconds": fs["write_s"], "MBps": fs["write_MBps"]}
+    res["fs_read"] = {"bytes": fs["bytes"], "seconds": fs["read_s"], "MBps": fs["read_MBps"], "page_cache": "dropped"}
     save()
     only = set(args.only or ["kill", "leave_running"])
     if "kill" in only:

@@ -40,7 +40,9 @@ def test_gpucr_job_gets_shim_and_settings(slurm_cluster, tmp_path):
     preload = env["LD_PRELOAD"].split(":")
     assert preload.count(str(PREFIX / "lib/gpucr/libgpucr-cuda.so")) == 1
     assert env["GPUCR_JOB_ID"] == jobid
-    assert env["GPUCR_RUN_DIR"].startswith(str(slurm_cluster.state / "run"))
+    # The node's run dir (the path every node sees its own at, else the per-node one), of this job.
+    roots = (slurm_cluster.state / "node-local" / "run", slurm_cluster.state / "run" / info["NodeList"])
+    assert Path(env["GPUCR_RUN_DIR"]).parent in roots and Path(env["GPUCR_RUN_DIR"]).name == jobid
     # The last line counts the shim's mappings in the job's own process: it was really preloaded.
     assert int(text.strip().splitlines()[-1]) >= 1
 

@@ -24,10 +24,7 @@ def jobdir(users, users_tmp):
 
 
 def submit_as(cluster, user, script: Path, *args) -> str:
-    """Pinned to one node: the test cluster's nodes have their own run and spool dirs
-    (%n), which an ordinary user's job restored on another node cannot recreate
-    (one line and a held job, see batch_restore; real clusters use one path)."""
-    r = as_user(user, "sbatch", "--parsable", "-w", "n1", *args, str(script), env=cluster.env)
+    r = as_user(user, "sbatch", "--parsable", *args, str(script), env=cluster.env)
     assert r.returncode == 0, r.stderr
     return r.stdout.strip().split(";")[0]
 
@@ -50,7 +47,7 @@ def test_ordinary_users_job_is_checkpointed_requeued_and_restored(slurm_cluster,
     out = jobdir / "job.out"
     env = slurm_cluster.env
     jobid = submit_as(slurm_cluster, a, script, "--gpucr=on", "-o", str(out))
-    slurm_cluster.wait_state(jobid, "RUNNING")
+    first_node = slurm_cluster.wait_state(jobid, "RUNNING")["NodeList"]
     wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
 
     # Another user: no checkpoint, no restore, no signal, no look at its images.
@@ -73,9 +70,18 @@ def test_ordinary_users_job_is_checkpointed_requeued_and_restored(slurm_cluster,
         assert r.returncode != 0 and "only the job's owner or root" in r.stderr, (args, r.stderr)
     assert jobid not in gpucr_as(b, "ls", "--json", env=env).stdout
 
-    pre = gpucr_as(a, "preempt", jobid, env=env)
-    assert pre.returncode == 0, pre.stderr
-    text = finished_after_one_restart(slurm_cluster, jobid, out, log, steps)
+    # Its node kept busy: the job is restored on another node, where its spool and
+    # run dirs are that node's own (the test cluster gives every node one path).
+    slurm_cluster.run("scontrol", "update", f"NodeName={first_node}", "State=DRAIN", "Reason=gpucr-test")
+    try:
+        pre = gpucr_as(a, "preempt", jobid, env=env)
+        assert pre.returncode == 0, pre.stderr
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", what="the requeue")
+        second_node = slurm_cluster.wait_state(jobid, "RUNNING", timeout=120)["NodeList"]
+        assert second_node != first_node
+        text = finished_after_one_restart(slurm_cluster, jobid, out, log, steps)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"NodeName={first_node}", "State=RESUME", check=False)
     assert f"uid={a.pw_uid}" in text and text.count("after python") == 1, text
     ls = gpucr_as(a, "ls", jobid, "--json", env=env)
     assert ls.returncode == 0 and '"gen-2"' in ls.stdout
