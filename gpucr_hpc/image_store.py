@@ -3,14 +3,14 @@
 Layout of an image directory:
 
     manifest.json        vendor, GPU, sizes, sha256 of every file, owner, ...
-    process-<pid>.h5     GPU buffers of one process (gpu_image.py), GPU processes only;
-                         checksummed per 64 MiB block (in parallel), not as one stream
+    process-<pid>.h5     GPU buffers of one process (gpu_image.py), GPU processes only
     criu/                CRIU images of the process tree
     COMMITTED            written last; holds the sha256 of manifest.json
 
 Writing goes through `ImageWriter`: files are streamed in with their sha256
-computed on the way (one pass, so the checksum costs no extra read), and the
-manifest + COMMITTED are written atomically at the end. Reading goes through
+computed on the way (one pass, so the checksum costs no extra read), one per
+64 MiB block so that several threads share the work, and the manifest +
+COMMITTED are written atomically at the end. Reading goes through
 `open_image`, which checks, before anything is touched: the image is committed,
 owned by the caller (root may open any), and every file has its recorded size
 and checksum. Nothing here ever writes into an image that has been committed.
@@ -18,6 +18,7 @@ and checksum. Nothing here ever writes into an image that has been committed.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucr_hpc import manifest as mf
+from gpucr_hpc import writeback
 from gpucr_hpc.errors import GpucrError
 
 CRIU_SUBDIR = "criu"
@@ -58,43 +60,44 @@ def prepare_new(path: Path) -> Path:
     return path
 
 
-def copy_with_sha256(src: Path, dst: Path) -> tuple[int, str]:
-    """Copy src to dst (fsync'd), returning (size, sha256) computed in the same pass.
+def copy_with_block_sha256(src: Path, dst: Path, workers: int = HASH_WORKERS) -> tuple[int, list[str]]:
+    """Copy src to a new file dst (fsync'd), returning (size, sha256 of each HASH_BLOCK).
 
-    Hashing a chunk runs in a second thread while the chunk is written (both
-    release the GIL), so the checksum costs no time when the disk is the
-    slower of the two.
-    """
-    h = hashlib.sha256()
-    size = 0
-    bufs = [bytearray(COPY_CHUNK) for _ in range(3)]
+    Several workers take whole blocks: each reads its block, hashes it, writes it
+    and hands it to the disk at once (hashlib, pread and pwrite release the GIL),
+    so hashing runs beside the disk instead of before or after it."""
     st = os.stat(src)
-    with open(src, "rb", buffering=0) as fi, ThreadPoolExecutor(max_workers=1) as hasher:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        pending = None
+    size = st.st_size
+    blocks = (size + HASH_BLOCK - 1) // HASH_BLOCK
+    fi = os.open(src, os.O_RDONLY)
+    try:
+        fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            i = 0
-            while True:
-                buf = bufs[i % 3]
-                n = fi.readinto(buf)
-                if not n:
-                    break
-                view = memoryview(buf)[:n]
-                if pending is not None:
-                    pending.result()  # keep the hash in order
-                pending = hasher.submit(h.update, view)
-                w = 0
-                while w < n:
-                    w += os.write(fd, view[w:])
-                size += n
-                i += 1
-            if pending is not None:
-                pending.result()
-            os.fsync(fd)
+            def one(i: int) -> str:
+                h = hashlib.sha256()
+                off, end = i * HASH_BLOCK, min(size, (i + 1) * HASH_BLOCK)
+                while off < end:
+                    data = os.pread(fi, min(COPY_CHUNK, end - off), off)
+                    if not data:
+                        raise OSError(errno.EIO, f"{src}: short read at offset {off}")
+                    h.update(data)
+                    view, at = memoryview(data), off
+                    while view:
+                        n = os.pwrite(fo, view, at)
+                        view, at = view[n:], at + n
+                    writeback.start(fo, off, len(data))
+                    off += len(data)
+                return h.hexdigest()
+
+            with ThreadPoolExecutor(max_workers=max(1, min(workers, blocks))) as ex:
+                digests = list(ex.map(one, range(blocks)))
+            os.fsync(fo)
         finally:
-            os.close(fd)
+            os.close(fo)
+    finally:
+        os.close(fi)
     os.chmod(dst, st.st_mode & 0o777 | 0o600)
-    return size, h.hexdigest()
+    return size, digests
 
 
 def block_digests(path: Path, workers: int = HASH_WORKERS) -> list[str]:
@@ -141,8 +144,8 @@ class ImageWriter:
     def add_copy(self, src: Path, rel: str) -> int:
         dst = self.path / rel
         dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        size, digest = copy_with_sha256(src, dst)
-        mf.add_file(self.manifest, rel, size, digest)
+        size, digests = copy_with_block_sha256(src, dst)
+        self._record_blocks(rel, size, digests)
         return size
 
     def add_tree(self, src_dir: Path, rel_dir: str) -> int:
@@ -169,10 +172,13 @@ class ImageWriter:
         if have != size or len(digests) != (size + HASH_BLOCK - 1) // HASH_BLOCK:
             raise GpucrError(f"{self.path / rel} has {have} bytes, {size} were written",
                              "check the file system and checkpoint again")
+        self._record_blocks(rel, size, digests)
+        return size
+
+    def _record_blocks(self, rel: str, size: int, digests: list[str]) -> None:
         self.manifest["files"][rel] = {"size": size, "sha256_blocks": list(digests),
                                        "block_bytes": HASH_BLOCK}
         self.manifest["total_bytes"] = sum(f["size"] for f in self.manifest["files"].values())
-        return size
 
     def commit(self) -> None:
         for root, dirs, _files in os.walk(self.path):

@@ -157,15 +157,14 @@ class GpuCheckpoint:
             attrs["device_uuids"] = gpu_image.string_array(rec["gpu_uuids"])
         try:
             rep = gpu_image.save_process(self.dir / rel, tg.pid, blobs, attrs=attrs,
-                                         checksum=image_store.block_digests)
+                                         block_bytes=image_store.HASH_BLOCK)
         except OSError as e:
             raise GpucrError(f"writing the GPU data of process {tg.pid} to {self.dir / rel} failed: "
                              f"{e.strerror or e}", "free space there or checkpoint --to another directory")
         self.h5_files.append((rel, rep["file_size"], rep["checksum"]))
         self.bytes += rep["bytes"]
         rec.update(h5=rel, bytes=rep["bytes"], allocations=rep["allocations"],
-                   copy_s=round(rep["copy_s"], 6), fsync_s=round(rep["fsync_s"], 6),
-                   fsync_and_checksum_s=round(rep["fsync_and_checksum_s"], 6))
+                   copy_s=round(rep["copy_s"], 6), fsync_s=round(rep["fsync_s"], 6))
         return rec
 
     def _gpu_uuids(self, pid: int, reply: dict) -> list[str]:

@@ -278,8 +278,10 @@ def main():
 
     res["reference"] = reference(ctx)
     fs = rates(ctx.root, int(args.ballast_gib * 2**30) + (256 << 20))  # as much as the GPU data
-    res["fs_write"] = {"bytes": fs["bytes"], "seconds": fs["write_s"], "MBps": fs["write_MBps"]}
-    res["fs_read"] = {"bytes": fs["bytes"], "seconds": fs["read_s"], "MBps": fs["read_MBps"], "page_cache": "dropped"}
+    res["fs_write"] = {"bytes": fs["bytes"], "MBps": fs["write_MBps"],
+                       **{k: v for k, v in fs.items() if k.startswith("write_")}}
+    res["fs_read"] = {"bytes": fs["bytes"], "MBps": fs["read_MBps"], "page_cache": "dropped",
+                      **{k: v for k, v in fs.items() if k.startswith("read_")}}
     save()
     only = set(args.only or ["kill", "leave_running"])
     if "kill" in only:

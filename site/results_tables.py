@@ -194,6 +194,9 @@ def migration() -> str:
                    f"({mbps(get(d, 'kill.restore.timings.gpu_h5_read_MBps'))})"),
         ("&nbsp;&nbsp;data back to the GPU", lambda d: s(get(d, "kill.restore.timings.gpu_data_s"))),
         ("&nbsp;&nbsp;total", lambda d: s(get(d, "kill.restore.timings.total_s"))),
+        ("file system's own read rate there (page cache dropped)", lambda d: mbps(get(d, "fs_read.MBps"))),
+        (".h5 read rate / file system's", lambda d: MISSING if d.get("h5_read_vs_fs_read") is None
+         else f"{d['h5_read_vs_fs_read']:.2f}"),
         ("restored output bit-identical", lambda d: yes(get(d, "checks.kill_restored_bit_identical"))),
         ("image unchanged by the restore", lambda d: yes(get(d, "checks.kill_image_unchanged_by_restore"))),
     ]
@@ -614,17 +617,22 @@ def image_store() -> str:
             f"figure, best of {d.get('repeat', MISSING)}, {d.get('when', MISSING)}; from `bench/results/{name}`. "
             "No GPU is involved.", ""]
     m, r = d.get("MBps", {}), d.get("ratio", {})
-    spec = [
-        ("`fs_write`", "plain sequential write, fsync'd", "fs_write", None),
-        ("`fs_read`", "plain sequential read, page cache dropped", "fs_read", None),
+    streams = [(f"`fs_{way}_{k}`", f"sequential {way}, {k} stream{'s' if k > 1 else ''}"
+                + (", fsync'd" if way == "write" else ", page cache dropped"), f"fs_{way}_{k}", None)
+               for way in ("write", "read") for k in (1, 4) if f"fs_{way}_{k}" in m]
+    spec = streams + [
+        ("`fs_write`", "the file system's write rate: " + ("the faster of the two" if streams else
+                                                           "plain sequential write, fsync'd"), "fs_write", None),
+        ("`fs_read`", "the file system's read rate: " + ("the faster of the two" if streams else
+                                                         "plain sequential read, page cache dropped"), "fs_read", None),
         ("`sha256`", "sha256 over memory (one stream)", "sha256", None),
-        ("`image_h5_write`", "GPU buffers to a .h5 file, with checksums and fsync", "image_h5_write",
-         "image_h5_write/fs_write"),
-        ("`image_copy_write`", "a staged file copied into the image with its checksum", "image_copy_write",
+        ("`image_h5_write`", "a process's arena (the GPU data) to a .h5 file, with checksums and fsync",
+         "image_h5_write", "image_h5_write/fs_write"),
+        ("`image_copy_write`", "a staged file (CRIU's) copied into the image with its checksums", "image_copy_write",
          "image_copy_write/fs_write"),
         ("`image_verify_read`", "every file of an image re-read and checked", "image_verify_read",
          "image_verify_read/fs_read"),
-        ("`image_h5_read`", "GPU buffers read back from the .h5", "image_h5_read", "image_h5_read/fs_read"),
+        ("`image_h5_read`", "the .h5 read back into the process's arena", "image_h5_read", "image_h5_read/fs_read"),
     ]
     rows = [[k, what, mbps(m.get(key)), MISSING if ratio is None or r.get(ratio) is None
              else f"{r[ratio]:.2f} of `{ratio.split('/')[1]}`"] for k, what, key, ratio in spec]

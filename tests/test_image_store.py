@@ -80,7 +80,7 @@ def test_writer_commits_and_verifies(tmp_path):
     for key in ("vendor", "gpu", "files", "total_bytes", "created", "tool_version", "owner_uid"):
         assert key in m
     assert set(m["files"]) == {"criu/a.img", "criu/sub/b.img", "process-1.h5"}
-    assert m["files"]["criu/sub/b.img"]["sha256"] == mf.sha256_file(img / "criu/sub/b.img")
+    assert m["files"]["criu/sub/b.img"]["sha256_blocks"] == image_store.block_digests(img / "criu/sub/b.img")
     assert stat_mode(img) == 0o700
     image_store.open_image(img)
     assert not list(img.glob(".*tmp*")), "no temp files left behind"
@@ -133,3 +133,22 @@ def test_format_from_the_future_refused(tmp_path):
     with pytest.raises(GpucrError, match="v99") as e:
         image_store.open_image(img)
     assert "newer gpucr-hpc" in e.value.one_line()
+
+
+@pytest.mark.parametrize("size", [0, 5, (3 << 20) + 17])
+def test_block_copy_is_whole_and_its_digests_are_the_files(tmp_path, monkeypatch, size):
+    """A file copied into an image by blocks in parallel: the same bytes and mode,
+    one sha256 per block, equal to what the restore's check computes."""
+    monkeypatch.setattr(image_store, "HASH_BLOCK", 1 << 20)
+    monkeypatch.setattr(image_store, "COPY_CHUNK", 300_000)  # several pieces per block
+    src = tmp_path / "pages-1.img"
+    src.write_bytes(os.urandom(size))
+    src.chmod(0o640)
+    dst = tmp_path / "copy.img"
+    got_size, digests = image_store.copy_with_block_sha256(src, dst, workers=3)
+    assert got_size == size and dst.read_bytes() == src.read_bytes()
+    assert len(digests) == (size + (1 << 20) - 1) // (1 << 20)
+    assert digests == image_store.block_digests(dst, workers=2)
+    assert stat_mode(dst) == 0o640
+    with pytest.raises(FileExistsError):  # never over an existing file
+        image_store.copy_with_block_sha256(src, dst)

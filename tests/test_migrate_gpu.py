@@ -11,6 +11,7 @@ every check it makes is asserted here.
 Without a GPU: the arena <-> HDF5 copy of gpu_image against a live (CPU) process.
 """
 
+import hashlib
 import json
 import os
 import subprocess
@@ -49,10 +50,21 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
                  gpu_image.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
         p = tmp_path / "process-1.h5"
         rep = gpu_image.save_process(p, child.pid, blobs, attrs={"vendor": "nvidia"},
-                                     checksum=image_store.block_digests)
+                                     block_bytes=image_store.HASH_BLOCK)
         assert rep["bytes"] == na + nb and rep["allocations"] == 2
         assert rep["file_size"] == p.stat().st_size
         assert rep["checksum"] == image_store.block_digests(p, workers=1)
+        # Small blocks: blocks that hold HDF5 metadata, a blob's start and end, both blobs
+        small = tmp_path / "process-2.h5"
+        rep2 = gpu_image.save_process(small, child.pid, blobs, block_bytes=(1 << 20) + 4097)
+        assert len(rep2["checksum"]) > 10 and rep2["file_size"] == small.stat().st_size
+        want = []
+        with open(small, "rb") as f:
+            while block := f.read((1 << 20) + 4097):
+                want.append(hashlib.sha256(block).hexdigest())
+        assert rep2["checksum"] == want
+        assert {b.va: bytes(b.data) for b in gpu_image.read(small)} == \
+            {b.va: bytes(b.data) for b in gpu_image.read(p)}
         assert gpu_image.list_buffers(p) == sorted([(0, nb, 0), (0x7F0000000000, na, 0)])
         back = {b.va: b.data for b in gpu_image.read(p)}
         assert np.array_equal(back[0x7F0000000000], np.arange(3_000_000, dtype=np.uint32).view(np.uint8))
