@@ -84,11 +84,14 @@ def finish(p: Proc) -> list[str]:
     return p.lines if rc == 0 else p.lines + [f"exit {rc}"]
 
 
-def hand_back(s: VramSampler, used_before: int, data_bytes: int) -> dict:
-    """When the GPU memory went: the data (all of the footprint's bytes gone
-    from the GPU) and everything (the lowest level seen)."""
-    low = s.lowest()
-    return {"data_handed_back_s": s.first_at_or_below(used_before - 0.99 * data_bytes / 2**20),
+def hand_back(s: VramSampler, data_bytes: int) -> dict:
+    """When the GPU memory went, from the first sample: the data (all of the
+    footprint's bytes gone from the GPU) and everything (the lowest level seen)."""
+    if not s.samples:
+        return {"error": s.error or "no samples"}
+    used_before, low = s.samples[0][1], s.lowest()
+    return {"used_mib_at_start": used_before,
+            "data_handed_back_s": s.first_at_or_below(used_before - 0.99 * data_bytes / 2**20),
             "all_handed_back_s": s.first_at_or_below(low + 8), "lowest_mib": low,
             "sample_period_s": s.period_s, "samples": len(s.samples)}
 
@@ -113,7 +116,7 @@ def driver_only(args, gib) -> dict:
         ok = p.wait_steps(p.steps() + 2, 60)
         lines = finish(p)
         return {"used_mib_before": used, "used_mib_after_checkpoint": after, "lock_s": t1 - t0,
-                "vram": hand_back(vs, vs.samples[0][1], int(gib * 2**30)),
+                "vram": hand_back(vs, int(gib * 2**30)),
                 "checkpoint_s": t_cp - t0, "restore_s": t4 - t2, "unlock_s": t4 - t3, "continued": ok,
                 "_lines": lines}
     finally:
@@ -146,7 +149,7 @@ def gpucr(args, gib) -> dict:
             rs = process_cr.restore_tree(pid, run_dir=run_dir)
             shim_cp, shim_rs = cp["processes"][0], rs["processes"][0]
             cycles.append({"used_mib_before": used, "used_mib_after_checkpoint": after, "bytes": cp["bytes"],
-                           "vram": hand_back(vs, vs.samples[0][1], cp["bytes"]),
+                           "vram": hand_back(vs, cp["bytes"]),
                            "checkpoint": {**cp["phases"], "shim": {k: shim_cp[k] for k in SHIM_KEYS if k in shim_cp}},
                            "restore": {**rs["phases"], "shim": {k: shim_rs[k] for k in SHIM_KEYS if k in shim_rs}}})
         ok = p.wait_steps(p.steps() + 2, 60)
