@@ -321,6 +321,18 @@ def process_tree(pid: int) -> list[int]:
     return out
 
 
+def end_tree(pid: int, launcher: subprocess.Popen | None = None) -> None:
+    """SIGKILL a restored tree, leaves first, and reap its launcher. In a new PID
+    namespace the root's death ends its init, and the kernel the rest with it."""
+    for p in reversed(process_tree(pid)):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if launcher is not None:
+        launcher.wait()
+
+
 def _status(pid: int) -> dict[str, str]:
     out = {}
     with open(f"/proc/{pid}/status") as f:

@@ -392,13 +392,7 @@ def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None)
     try:
         return migrate_gpu.restore_gpu(m, image, pid_map, plan), migrate_gpu.placement(m, plan, pid_map)
     except BaseException as e:
-        for p in reversed(tree):
-            try:
-                os.kill(p, 9)
-            except ProcessLookupError:
-                pass
-        if restored.launcher is not None:
-            restored.launcher.wait()
+        criu_mod.end_tree(restored.host_pid, restored.launcher)
         if isinstance(e, GpucrError):
             raise GpucrError(f"{e.cause}; the restored process was ended, the image is unchanged",
                              e.fix) from e

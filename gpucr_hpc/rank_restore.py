@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 from gpucr_hpc import manifest as mf
+from gpucr_hpc import slurm
 from gpucr_hpc.batch_restore import give_up, open_log, restore_unit
+from gpucr_hpc.criu import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
@@ -41,6 +43,25 @@ def stdio_inherit(unit: dict) -> dict[int, str]:
             if fd in (1, 2) and key.startswith(("pipe:", "socket:")) and _is_open(fd)}
 
 
+def superseded(jobid: str) -> str | None:
+    """Why this step no longer belongs to the job, or None.
+
+    A restore step whose launch crosses the job's requeue (its node set DOWN, the
+    job preempted while it restores) can start its tasks after Slurm has killed
+    the job on this node, and Slurm then sends them no signal: a rank restored
+    here would run beside the one restored after the requeue, both writing the
+    rank's files. The step's restart count is the job's while it is ours."""
+    try:
+        job = slurm.show_job(jobid)
+    except GpucrError:
+        return None  # slurmctld out of reach: Slurm's own kill of the step still holds
+    ours = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+    if job.state in ("RUNNING", "SUSPENDED") and job.restart_count == ours:
+        return None
+    return (f"job {jobid} is {job.state} at restart {job.restart_count}, "
+            f"this step was started for restart {ours}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gpucr_hpc.rank_restore")
     p.add_argument("--gen-dir", required=True)
@@ -49,6 +70,10 @@ def main(argv=None) -> int:
     gen = Path(args.gen_dir)
     procid = int(os.environ["SLURM_PROCID"])
     jobid = os.environ["SLURM_JOB_ID"]
+    stale = superseded(jobid)
+    if stale:
+        print(f"gpucr: rank {procid} not restored: {stale}", file=sys.stderr, flush=True)
+        return 1
     try:
         m = mf.load(gen)
         ranks = sorted((u for u in m["units"].values() if u["name"].startswith("rank-")),
@@ -68,6 +93,11 @@ def main(argv=None) -> int:
                            f"fix that, then gpucr-hpc restore {jobid} --from N")
         except GpucrError as held:
             print(f"gpucr: error: holding job {jobid} failed: {held.one_line()}", file=sys.stderr, flush=True)
+        return 1
+    stale = superseded(jobid)  # requeued while CRIU ran: no signal would reach the rank
+    if stale:
+        end_tree(rep["pid"], rep["_launcher"])
+        print(f"gpucr: rank {procid} ended after its restore: {stale}", file=sys.stderr, flush=True)
         return 1
     return rep["_launcher"].wait()
 

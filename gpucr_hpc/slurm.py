@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass, field
 
 from gpucr_hpc.errors import GpucrError
@@ -97,9 +98,20 @@ def requeue(jobid: str) -> None:
     run("scontrol", "requeue", str(jobid))
 
 
-def requeue_hold(jobid: str, reason: str) -> None:
-    run("scontrol", "requeuehold", str(jobid))
+def requeue_hold(jobid: str, reason: str, patience_s: float = 30.0) -> None:
+    """Requeue the job held, the reason in its Comment. The reason goes first, so
+    that it is there even if the requeue fails; a job in a passing state (a step
+    still launching or completing) is tried again for `patience_s`."""
     run("scontrol", "update", f"JobId={jobid}", f"Comment={reason[:200]}", check=False)
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            run("scontrol", "requeuehold", str(jobid))
+            return
+        except GpucrError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
 
 
 def release(jobid: str) -> None:

@@ -56,6 +56,11 @@ class SlurmCluster:
             return {}
         return dict(re.findall(r"(\S+?)=(\S*)", out.stdout))
 
+    def restore_log(self, jobid: str) -> str:
+        """What the job's restores logged (for a test's failure message)."""
+        log = self.state / "images" / jobid / "restore.log"
+        return log.read_text(errors="replace") if log.exists() else f"(no {log})"
+
     def wait_state(self, jobid: str, states, timeout=60) -> dict:
         states = {states} if isinstance(states, str) else set(states)
         deadline = time.time() + timeout

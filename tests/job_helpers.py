@@ -27,13 +27,15 @@ def gpucr(cluster, *args, check=True):
     return out
 
 
-def wait_for(pred, timeout=60, what="condition"):
+def wait_for(pred, timeout=60, what="condition", detail=None):
+    """`detail`: called on a timeout, what it returns goes into the failure (the
+    job's state and output: a failure in CI must say what happened)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         if pred():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f"\n{detail()}" if detail else ""))
 
 
 def numbers(path: Path) -> list[int]:

@@ -4,6 +4,8 @@
 * the image store full: aborted, the previous generation intact, the job runs on;
 * a rank's image missing at restore: the job is held with the reason, the image untouched;
 * a rank whose restore fails on its node: the same, and the script does not go on past srun;
+* a node that fails while the job is restored on it: restored again elsewhere, once;
+* a restore step that outlived its restart (its launch crossed a requeue): restores nothing;
 * a preempt whose requeue fails: the checkpoint is committed, the job runs on;
 * a preempt of a job that cannot be requeued: refused before anything happens.
 """
@@ -177,7 +179,9 @@ def test_missing_rank_image_holds_job_with_reason_and_keeps_image(slurm_cluster,
         assert "restoring from gen-1" in r.stdout
         comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
         wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
-                 what="the job to be held with the reason")
+                 what="the job to be held with the reason",
+                 detail=lambda: comment() + (workdir / "job.out").read_text(errors="replace")
+                 + slurm_cluster.restore_log(jobid))
         info = slurm_cluster.wait_state(jobid, "PENDING", timeout=60)
         assert "held" in info["Reason"], info
         assert f"gen-1 has no usable image of {rank.name}" in comment()
@@ -222,7 +226,9 @@ echo "after srun rc=$?"
         gpucr(slurm_cluster, "restore", jobid)
         comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
         wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
-                 what="the job to be held with the reason")
+                 what="the job to be held with the reason",
+                 detail=lambda: comment() + (workdir / "job.out").read_text(errors="replace")
+                 + slurm_cluster.restore_log(jobid))
         # Slurm ends the restored rank 0 and the script (KillWait) before the job is PENDING.
         info = slurm_cluster.wait_state(jobid, "PENDING", timeout=180)
         assert "held" in info["Reason"], info
@@ -271,3 +277,23 @@ def test_node_failure_during_restore_restores_again_elsewhere(slurm_cluster, wor
         # The run on the failed node may have counted past the checkpoint: those lines
         # were rewound by the second restore, so each value is still there once.
         assert got == list(range(steps)), f"{p}: {got[:5]}...{got[-5:]}"
+
+
+def test_restore_step_of_an_earlier_restart_restores_nothing(slurm_cluster, workdir):
+    """A restore step whose launch crossed a requeue of its job (the race the node
+    failure above can hit: Slurm kills the job on the node before the step's tasks
+    start, and never signals them) must not bring a rank back beside the one
+    restored after the requeue. Here the step says it belongs to restart 3 of a
+    job at restart 0: it restores nothing, holds nothing, and says why."""
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+SLURM_RESTART_COUNT=3 srun --ntasks=1 {sys.executable} -m gpucr_hpc.rank_restore --gen-dir {workdir}/gen-1
+echo "srun rc=$?"
+""")
+    jobid = slurm_cluster.sbatch(script, "-N1", "--ntasks=1", "-o", str(workdir / "job.out"))
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=60)
+    out = (workdir / "job.out").read_text()
+    assert info["JobState"] == "COMPLETED" and "srun rc=1" in out, (info, out)
+    assert (f"rank 0 not restored: job {jobid} is RUNNING at restart 0, "
+            "this step was started for restart 3") in out, out
+    assert "gpucr" not in info.get("Comment", ""), info

@@ -163,3 +163,27 @@ def test_pid_clash_refused_in_host_mode_and_avoided_in_auto(criu, tmp_path, reap
     assert rep["pidns"] == "new" and rep["ns_pid"] == proc.pid and rep["pid"] != proc.pid
     proc.wait(timeout=10)
     assert_counter_exact(wait_lines(out, 30))
+
+
+def test_end_tree_ends_a_tree_restored_in_a_new_pid_namespace(criu, tmp_path, reaper):
+    """What a restore step does when it learns after the restore that its job was
+    requeued meanwhile: the restored tree (root, child, the namespace's init) ends
+    at once and the launcher is reaped."""
+    from gpucr_hpc import migrate
+
+    roots, popens = reaper
+    proc, out = start_workload(tmp_path)
+    popens.append(proc)
+    wait_lines(out, 10)
+    cli_json("checkpoint", "--pid", str(proc.pid), "--to", str(tmp_path / "img"))
+    proc.wait(timeout=10)
+    rep = migrate.restore_from(tmp_path / "img", pidns="new")
+    roots.append(rep["pid"])
+    tree = criu_mod.process_tree(rep["pid"])
+    assert len(tree) == 2 and all(alive(p) for p in tree)
+    criu_mod.end_tree(rep["pid"], rep["_launcher"])
+    assert rep["_launcher"].returncode is not None
+    assert criu_mod.wait_gone(tree, timeout=10), "the restored tree outlived end_tree"
+    stopped_at = len(lines(out))
+    time.sleep(0.3)
+    assert len(lines(out)) == stopped_at
