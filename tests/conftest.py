@@ -56,6 +56,12 @@ class SlurmCluster:
             return {}
         return dict(re.findall(r"(\S+?)=(\S*)", out.stdout))
 
+    @property
+    def node_local(self) -> bool:
+        """Whether every node sees its own spool and run dir at one path (as on a real
+        cluster); where the test machine allows no mounts, they differ by node (%n)."""
+        return "/node-local/" in self.conf.read_text()
+
     def restore_log(self, jobid: str) -> str:
         """What the job's restores logged (for a test's failure message)."""
         log = self.state / "images" / jobid / "restore.log"
