@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 from gpucr_hpc import manifest as mf
 from gpucr_hpc import slurm
-from gpucr_hpc.batch_restore import give_up, open_log, restore_unit
+from gpucr_hpc.batch_restore import give_up, log, open_log, restore_unit
 from gpucr_hpc.criu import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
@@ -43,6 +44,29 @@ def stdio_inherit(unit: dict) -> dict[int, str]:
             if fd in (1, 2) and key.startswith(("pipe:", "socket:")) and _is_open(fd)}
 
 
+class StepSignals:
+    """Slurm's signals to this task, noted instead of fatal.
+
+    The restored rank is this task's descendant, so Slurm's signals reach it
+    directly. This task must outlive them: dying would reparent the rank away from
+    the step (where Slurm's SIGKILL after KillWait no longer finds it), and a
+    SIGTERM that ends the step while CRIU restores would leave a rank running that
+    was never signalled. `ended` says whether the step was told to end."""
+
+    ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    OTHERS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
+
+    def __init__(self):
+        self.ended = False
+        for sig in self.ENDING:
+            signal.signal(sig, self._end)
+        for sig in self.OTHERS:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def _end(self, _signum, _frame):
+        self.ended = True
+
+
 def superseded(jobid: str) -> str | None:
     """Why this step no longer belongs to the job, or None.
 
@@ -62,6 +86,13 @@ def superseded(jobid: str) -> str | None:
             f"this step was started for restart {ours}")
 
 
+def say(msg: str) -> None:
+    """To the step's stderr and to restore.log, which (unlike the job's output, cut
+    back by the next restore) keeps it."""
+    print(msg, file=sys.stderr, flush=True)
+    log(msg)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gpucr_hpc.rank_restore")
     p.add_argument("--gen-dir", required=True)
@@ -70,9 +101,11 @@ def main(argv=None) -> int:
     gen = Path(args.gen_dir)
     procid = int(os.environ["SLURM_PROCID"])
     jobid = os.environ["SLURM_JOB_ID"]
+    signals = StepSignals()
+    open_log(gen.parent)
     stale = superseded(jobid)
     if stale:
-        print(f"gpucr: rank {procid} not restored: {stale}", file=sys.stderr, flush=True)
+        say(f"gpucr: rank {procid} not restored: {stale}")
         return 1
     try:
         m = mf.load(gen)
@@ -87,17 +120,21 @@ def main(argv=None) -> int:
         # A kill that reaches slurmd (22.05) while this step's tasks are still being
         # launched can be lost, and the job then stays COMPLETING: let the launch end.
         time.sleep(max(0.0, LAUNCH_SETTLE_S - (time.monotonic() - started)))
+        stale = superseded(jobid)  # the job has moved on: a hold would stop its new run
+        if stale or signals.ended:
+            say(f"gpucr: rank {procid} not restored ({msg}): {stale or 'the step was ended'}")
+            return 1
         try:
-            open_log(gen.parent)
             give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {msg}; "
                            f"fix that, then gpucr-hpc restore {jobid} --from N")
         except GpucrError as held:
             print(f"gpucr: error: holding job {jobid} failed: {held.one_line()}", file=sys.stderr, flush=True)
         return 1
-    stale = superseded(jobid)  # requeued while CRIU ran: no signal would reach the rank
+    # Requeued or ended while CRIU ran: the rank got no signal, and will get none.
+    stale = "Slurm ended the step while the rank was restored" if signals.ended else superseded(jobid)
     if stale:
         end_tree(rep["pid"], rep["_launcher"])
-        print(f"gpucr: rank {procid} ended after its restore: {stale}", file=sys.stderr, flush=True)
+        say(f"gpucr: rank {procid} ended after its restore: {stale}")
         return 1
     return rep["_launcher"].wait()
 

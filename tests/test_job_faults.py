@@ -256,6 +256,11 @@ def test_node_failure_during_restore_restores_again_elsewhere(slurm_cluster, wor
     info = slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
     failed = info["NodeList"]
     image = tree_digest(job_dir / "gen-1")
+    # The node fails as the ranks' restore step starts on it: the step's launch can
+    # cross the requeue (a rank restored there would run beside the new one).
+    wait_for(lambda: f"{jobid}.0" in slurm_cluster.run("squeue", "-h", "-s", "-j", jobid, "-o", "%i",
+                                                       check=False).stdout,
+             timeout=30, what="the ranks' restore step")
     # DRAIN first: on its own, a DOWN node of this cluster (ReturnToService=2)
     # comes back as soon as its slurmd registers again.
     for state in ("DRAIN", "DOWN"):
