@@ -38,6 +38,7 @@ import os
 import pwd
 import shlex
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -486,6 +487,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.op == "dump":
             out = dump(args, who, work_fd)
         else:
+            # The restored tree is our descendant: Slurm's signals to the step reach
+            # it directly. Dying of them would orphan it (a restore in flight would
+            # finish outside the step), so they are let pass; the caller decides.
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                        signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+                signal.signal(sig, lambda _s, _f: None)
             out, launcher = restore(args, who, work_fd)
     except GpucrError as e:
         out = {"error": e.cause, "fix": e.fix}

@@ -60,8 +60,8 @@ class StepSignals:
         self.ended = False
         for sig in self.ENDING:
             signal.signal(sig, self._end)
-        for sig in self.OTHERS:
-            signal.signal(sig, signal.SIG_IGN)
+        for sig in self.OTHERS:  # a handler, not SIG_IGN, which CRIU's processes would inherit
+            signal.signal(sig, lambda _s, _f: None)
 
     def _end(self, _signum, _frame):
         self.ended = True
