@@ -33,8 +33,7 @@ from gpucr_hpc.site import load_site
 # must not think it is the supervisor).
 OWN_ENV = ("GPUCR_BATCH_SUPERVISE", "GPUCR_RESTORE_BATCH", "GPUCR_BATCH_SCRIPT",
            "GPUCR_BATCH_ARGV", "GPUCR_CHECKPOINT_SIGNAL", "GPUCR_CHECKPOINT_LEAD")
-FORWARDED = {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM,
-             signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM}
+FORWARDED = slurm.TASK_SIGNALS
 
 
 def say(msg: str) -> None:

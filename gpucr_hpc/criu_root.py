@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucr_hpc import criu as criu_mod
+from gpucr_hpc import slurm
 from gpucr_hpc.errors import GpucrError
 
 KEY_FILE = Path("/etc/gpucr-hpc/image.key")
@@ -490,8 +491,7 @@ def main(argv: list[str] | None = None) -> int:
             # The restored tree is our descendant: Slurm's signals to the step reach
             # it directly. Dying of them would orphan it (a restore in flight would
             # finish outside the step), so they are let pass; the caller decides.
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
-                        signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+            for sig in slurm.TASK_SIGNALS:
                 signal.signal(sig, lambda _s, _f: None)
             out, launcher = restore(args, who, work_fd)
     except GpucrError as e:

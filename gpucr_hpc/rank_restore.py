@@ -53,18 +53,13 @@ class StepSignals:
     SIGTERM that ends the step while CRIU restores would leave a rank running that
     was never signalled. `ended` says whether the step was told to end."""
 
-    ENDING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-    OTHERS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM)
-
     def __init__(self):
         self.ended = False
-        for sig in self.ENDING:
-            signal.signal(sig, self._end)
-        for sig in self.OTHERS:  # a handler, not SIG_IGN, which CRIU's processes would inherit
-            signal.signal(sig, lambda _s, _f: None)
+        for sig in slurm.TASK_SIGNALS:  # a handler, not SIG_IGN, which CRIU's processes would inherit
+            signal.signal(sig, self._note)
 
-    def _end(self, _signum, _frame):
-        self.ended = True
+    def _note(self, signum, _frame):
+        self.ended = self.ended or signum in slurm.ENDING_SIGNALS
 
 
 def superseded(jobid: str) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,11 @@ from gpucr_hpc.errors import GpucrError
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+# What Slurm sends the processes of a job's steps (scancel --signal, the end of a
+# step, the time limit's warning); the first four end a step.
+ENDING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+TASK_SIGNALS = ENDING_SIGNALS | {signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM}
 
 
 @dataclass
