@@ -49,6 +49,15 @@ static const char *cu_name(CUresult r)
     return buf;
 }
 
+/* how the bounce path moved the data (the knobs of datapath.c) */
+static void jb_copy_mode(struct jbuf *out, const struct gpucr_copy_stats *cs)
+{
+    if (!cs->bounce)
+        return;
+    jb_str(out, "copy_stores", cs->streaming ? "streaming" : "cached");
+    jb_str(out, "copy_wait", cs->blocking ? "block" : "spin");
+}
+
 static int host_register(void *base, size_t size)
 {
     return D.cuMemHostRegister_v2(base, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 0 : -1;
@@ -490,7 +499,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
         if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
             fail = "mapping an allocation for copying failed";
     }
-    struct gpucr_copy_stats cs = {0, 0, 0, 0};
+    struct gpucr_copy_stats cs = {0};
     double tc = gpucr_now();
     if (!fail && (rc = gpucr_copy(w.p, w.n, 1, &cs)) != CUDA_SUCCESS)
         fail = "copying GPU memory to the host failed";
@@ -542,6 +551,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_str(out, "data_path", cs.bounce ? "bounce" : "direct");
     jb_bool(out, "arena_pinned", gpucr_pin_arena); /* then arena_detach needs CUDA */
     jb_i64(out, "copy_threads", cs.threads);
+    jb_copy_mode(out, &cs);
     jb_u64(out, "bytes", bytes);
     jb_u64(out, "allocations", n);
     jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() - reg0 + cs.setup_s);
@@ -601,7 +611,7 @@ void gpucr_cmd_restore(struct jbuf *out)
             if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
                 fail = "mapping an allocation for copying failed";
     }
-    struct gpucr_copy_stats cs = {0, 0, 0, 0};
+    struct gpucr_copy_stats cs = {0};
     double tc = gpucr_now();
     if (!fail && (rc = gpucr_copy(w.p, w.n, 0, &cs)) != CUDA_SUCCESS)
         fail = "copying data back to the GPU failed";
@@ -645,6 +655,7 @@ void gpucr_cmd_restore(struct jbuf *out)
     jb_f64(out, "copy_s", cs.seconds);
     jb_str(out, "data_path", cs.bounce ? "bounce" : "direct");
     jb_i64(out, "copy_threads", cs.threads);
+    jb_copy_mode(out, &cs);
     jb_f64(out, "arena_setup_s", cs.setup_s);
     jb_u64(out, "bytes", last_bytes);
     jb_end(out);

@@ -23,6 +23,12 @@
 #ifndef GPUCR_SLOT
 #define GPUCR_SLOT (32u << 20) /* one DMA: 0.6 ms; one memcpy of it: ~8 ms per thread */
 #endif
+#ifndef GPUCR_COPY_NT_DEFAULT
+#define GPUCR_COPY_NT_DEFAULT "0"
+#endif
+#ifndef GPUCR_COPY_WAIT_DEFAULT
+#define GPUCR_COPY_WAIT_DEFAULT "spin"
+#endif
 #define MAX_THREADS 32
 #define DEFAULT_THREADS 16 /* H100, 16 GiB: checkpoint + restore 1.42 s (16), 1.47 (12), 1.62 (8) */
 #define MAX_SLOTS (2 * MAX_THREADS)
@@ -39,11 +45,41 @@ struct ctx_res {
 static struct ctx_res res[MAX_CTX];
 static int nres;
 
+static int nt_out = -1, nt_in = -1; /* GPUCR_COPY_NT, read once */
+static int wait_block = -1;          /* GPUCR_COPY_WAIT, read once */
+
 static char *staging;
 static size_t slot_bytes; /* one DMA, one memcpy: GPUCR_COPY_SLOT_MIB */
 static int nslots, nthreads;
 static double staging_s;
 static pthread_mutex_t staging_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* GPUCR_COPY_NT: which direction's memcpy between ring and arena uses
+ * streaming stores (stream_copy.c): out (to the host arena), in (into the ring,
+ * on the way to the GPU), both, or 0. */
+static void copy_nt_read(void)
+{
+    const char *v = getenv("GPUCR_COPY_NT");
+    if (!(v && *v))
+        v = GPUCR_COPY_NT_DEFAULT;
+    int both = !strcmp(v, "1") || !strcmp(v, "both") || !strcmp(v, "on") || !strcmp(v, "yes");
+    nt_out = both || !strcmp(v, "out");
+    nt_in = both || !strcmp(v, "in");
+}
+
+/* GPUCR_COPY_WAIT=block: a worker waiting for its DMA sleeps instead of
+ * spinning (the context's own scheduling), leaving the CPUs to the workers
+ * that copy and to the thread that issues the DMAs. */
+static unsigned event_flags(void)
+{
+    if (wait_block < 0) {
+        const char *v = getenv("GPUCR_COPY_WAIT");
+        if (!(v && *v))
+            v = GPUCR_COPY_WAIT_DEFAULT;
+        wait_block = !strcmp(v, "block");
+    }
+    return CU_EVENT_DISABLE_TIMING | (wait_block ? CU_EVENT_BLOCKING_SYNC : 0);
+}
 
 CUresult gpucr_use_ctx(CUcontext ctx)
 {
@@ -64,7 +100,7 @@ static struct ctx_res *res_for(CUcontext ctx)
         if (D.cuStreamCreate(&r->s[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
             return NULL;
     for (int k = 0; k < MAX_SLOTS; k++)
-        if (D.cuEventCreate(&r->ev[k], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        if (D.cuEventCreate(&r->ev[k], event_flags()) != CUDA_SUCCESS)
             return NULL;
     r->ctx = ctx;
     nres++;
@@ -215,6 +251,14 @@ struct pipe {
     int abort;
 };
 
+static void copy_bytes(int streaming, void *dst, const void *src, size_t n)
+{
+    if (streaming)
+        gpucr_stream_copy(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
+
 static char *slot_buf(size_t i) { return staging + (i % (size_t)nslots) * slot_bytes; }
 
 static void pipe_fail(struct pipe *pp, CUresult rc)
@@ -253,9 +297,9 @@ static void *worker(void *arg)
             return NULL;
         }
         if (pp->to_host)
-            memcpy(u->host, slot_buf(i), u->len);
+            copy_bytes(nt_out, u->host, slot_buf(i), u->len);
         else
-            memcpy(slot_buf(i), u->host, u->len);
+            copy_bytes(nt_in, slot_buf(i), u->host, u->len);
         pthread_mutex_lock(&pp->mu);
         pp->done[i] = 1;
         pthread_cond_broadcast(&pp->cv);
@@ -369,8 +413,12 @@ CUresult gpucr_copy(struct gpucr_phys *const *ps, size_t n, int to_host, struct 
     if (gpucr_pin_arena) {
         rc = copy_direct(ps, n, to_host);
     } else {
+        if (nt_out < 0)
+            copy_nt_read();
         st->bounce = 1;
+        st->streaming = to_host ? nt_out : nt_in;
         rc = copy_bounce(ps, n, to_host, &st->threads);
+        st->blocking = wait_block > 0;
     }
     st->setup_s = staging_s - s0;
     st->seconds = gpucr_now() - t0 - st->setup_s;
@@ -385,5 +433,6 @@ void gpucr_datapath_after_fork_child(void)
     staging = NULL;
     nslots = nthreads = 0;
     slot_bytes = 0;
+    nt_out = nt_in = wait_block = -1;
     staging_s = 0;
 }

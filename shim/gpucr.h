@@ -15,6 +15,9 @@
 void gpucr_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 double gpucr_now(void); /* monotonic seconds */
 
+/* ---- stream_copy.c: memcpy with non-temporal stores ------------------ */
+void gpucr_stream_copy(void *dst, const void *src, size_t n);
+
 /* ---- gate.c: the API gate --------------------------------------------
  * Every work-submitting call runs between gpucr_gate_enter/exit. Closing the
  * gate makes new calls wait and waits (bounded) for in-flight calls to drain.

@@ -90,6 +90,8 @@ struct gpucr_copy_stats {
     double seconds; /* the copy itself */
     double setup_s; /* one-time staging setup paid by this copy */
     int bounce, threads;
+    int streaming; /* ring <-> arena with non-temporal stores (GPUCR_COPY_NT) */
+    int blocking;  /* workers sleep on the DMA events (GPUCR_COPY_WAIT) */
 };
 CUresult gpucr_copy(struct gpucr_phys *const *p, size_t n, int to_host, struct gpucr_copy_stats *st);
 CUresult gpucr_staging_setup(void); /* needs a current context */

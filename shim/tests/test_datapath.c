@@ -173,8 +173,12 @@ int main(void)
         ps[i] = &phys[i];
     }
     const char *threads[] = {"1", "3", "8"};
+    /* each worker count with the other store and wait modes too */
+    const char *nt[] = {"0", "both", "out"}, *wait[] = {"spin", "block", "spin"};
     for (int t = 0; t < 3; t++) {
         setenv("GPUCR_COPY_THREADS", threads[t], 1);
+        setenv("GPUCR_COPY_NT", nt[t], 1);
+        setenv("GPUCR_COPY_WAIT", wait[t], 1);
         gpucr_datapath_after_fork_child(); /* a new staging ring with this many workers */
         for (int round = 0; round < 3; round++) {
             for (int i = 0; i < N; i++) {
@@ -185,16 +189,21 @@ int main(void)
             struct gpucr_copy_stats st;
             CHECK(gpucr_copy(ps, N, 1, &st) == CUDA_SUCCESS);
             CHECK(st.bounce && st.threads >= 1);
+            CHECK(st.streaming == (t > 0) && st.blocking == (t == 1));
             for (int i = 0; i < N; i++) {
                 CHECK(memcmp(host[i], ref[i], sizes[i]) == 0);
                 memset(dev[i], 0x11, sizes[i]);
             }
             CHECK(gpucr_copy(ps, N, 0, &st) == CUDA_SUCCESS);
+            CHECK(st.streaming == (t == 1));
             for (int i = 0; i < N; i++)
                 CHECK(memcmp(dev[i], ref[i], sizes[i]) == 0);
         }
     }
-    PASS("datapath: bounce copies arrive whole both ways (1, 3, 8 workers, slots reused)");
+    unsetenv("GPUCR_COPY_NT");
+    unsetenv("GPUCR_COPY_WAIT");
+    PASS("datapath: bounce copies arrive whole both ways (1, 3, 8 workers; streaming stores out, both, none; "
+         "spinning and sleeping waits; slots reused)");
 
     /* GPUCR_COPY_SLOT_MIB=1: 1 MiB slots; buffers of 2.5 and 3 MiB span several */
     {
@@ -245,7 +254,7 @@ int main(void)
     }
     fail_at = 0;
     PASS("datapath: a failed copy is reported, workers end");
-    CHECK(gpucr_copy(ps, 0, 1, &(struct gpucr_copy_stats){0, 0, 0, 0}) == CUDA_SUCCESS);
+    CHECK(gpucr_copy(ps, 0, 1, &(struct gpucr_copy_stats){0}) == CUDA_SUCCESS);
     PASS("datapath: nothing to copy");
     pthread_mutex_lock(&mu);
     stop = 1;
