@@ -13,6 +13,7 @@ the data rate alone is not the score. Writes every run and the choice to
 OUT/tune.json and `export ...` lines to OUT/tuned.env for the bench after it.
 
     scripts/datapath_tune.py --gib 16 --out DIR [--deadline SECONDS]
+    scripts/datapath_tune.py --grid "15:8:out:block 15:8:both:block" ...   (named configurations only)
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def main() -> int:
     ap.add_argument("--slots", default="2 4 8 64", help="stage 2: slot sizes in MiB besides the default")
     ap.add_argument("--threads", default="12 15", help="stage 3: thread counts besides the default")
     ap.add_argument("--deadline", type=float, default=300, help="seconds: no new run starts after this")
+    ap.add_argument("--grid", default="", help="instead of the stages: THREADS:SLOT_MIB:NT:WAIT ...")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,17 +84,22 @@ def main() -> int:
         ok = [r for r in runs if "score_s" in r]
         return min(ok, key=lambda r: r["score_s"]) if ok else None
 
-    for nt in ("0", "out", "both"):
-        for wait in ("spin", "block"):
-            run({**DEFAULT, "GPUCR_COPY_NT": nt, "GPUCR_COPY_WAIT": wait})
-    for slot in args.slots.split():
-        b = best()
-        if b:
-            run({**b["env"], "GPUCR_COPY_SLOT_MIB": slot})
-    for th in args.threads.split():
-        b = best()
-        if b:
-            run({**b["env"], "GPUCR_COPY_THREADS": th})
+    if args.grid:
+        for spec in args.grid.split():
+            th, slot, nt, wait = spec.split(":")
+            run({"GPUCR_COPY_THREADS": th, "GPUCR_COPY_SLOT_MIB": slot, "GPUCR_COPY_NT": nt, "GPUCR_COPY_WAIT": wait})
+    else:
+        for nt in ("0", "out", "both"):
+            for wait in ("spin", "block"):
+                run({**DEFAULT, "GPUCR_COPY_NT": nt, "GPUCR_COPY_WAIT": wait})
+        for slot in args.slots.split():
+            b = best()
+            if b:
+                run({**b["env"], "GPUCR_COPY_SLOT_MIB": slot})
+        for th in args.threads.split():
+            b = best()
+            if b:
+                run({**b["env"], "GPUCR_COPY_THREADS": th})
     b = best()
     (out / "tune.json").write_text(json.dumps({"gib": args.gib, "default": DEFAULT, "runs": runs,
                                                "best": b["env"] if b else None}, indent=1))
