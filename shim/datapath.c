@@ -7,6 +7,14 @@
  * and waits for every copy in flight. So the copy engines go through a small
  * pinned staging ring, allocated once, and worker threads memcpy between ring
  * and arena while the next DMAs run.
+ * Host memory bandwidth is what limits that copy (each byte crosses it three
+ * times), so the defaults, tuned on the H100 machine (scripts/datapath_tune.py,
+ * bench/results/datapath-tune-h100-*.json), keep traffic down: 8 MiB slots, so
+ * the ring (2 slots a worker, 240 MiB at 15 workers) stays inside its 300 MiB L3
+ * and the DMA and the worker meet there, not in DRAM; streaming stores into the
+ * arena (nothing reads it soon) but cached stores into the ring (the DMA reads
+ * them next); workers sleep while they wait for their DMA. A smaller ring is
+ * also less pinned memory for the driver checkpoint to handle.
  * Direct (GPUCR_ARENA_PIN=1): the arena is pinned once at start-up and the copy
  * engines read and write it directly; best where no driver checkpoint follows
  * (the SIGTSTP yield), slower control where one does. */
@@ -21,16 +29,16 @@
 
 #define DIRECT_CHUNK (256u << 20)
 #ifndef GPUCR_SLOT
-#define GPUCR_SLOT (32u << 20) /* one DMA: 0.6 ms; one memcpy of it: ~8 ms per thread */
+#define GPUCR_SLOT (8u << 20) /* one DMA: 0.15 ms; one memcpy of it: ~2 ms per thread */
 #endif
 #ifndef GPUCR_COPY_NT_DEFAULT
-#define GPUCR_COPY_NT_DEFAULT "0"
+#define GPUCR_COPY_NT_DEFAULT "out"
 #endif
 #ifndef GPUCR_COPY_WAIT_DEFAULT
-#define GPUCR_COPY_WAIT_DEFAULT "spin"
+#define GPUCR_COPY_WAIT_DEFAULT "block"
 #endif
 #define MAX_THREADS 32
-#define DEFAULT_THREADS 16 /* H100, 16 GiB: checkpoint + restore 1.42 s (16), 1.47 (12), 1.62 (8) */
+#define DEFAULT_THREADS 16 /* at most; one CPU is left to the thread that issues the DMAs */
 #define MAX_SLOTS (2 * MAX_THREADS)
 #define NSTREAMS 2
 #define MAX_CTX 16
@@ -113,15 +121,15 @@ static int cpus_allowed(void)
     return sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
 }
 
-/* GPUCR_COPY_THREADS, else one per allowed CPU up to DEFAULT_THREADS: the
- * program is quiesced meanwhile, and the memcpy is what limits the rate
+/* GPUCR_COPY_THREADS, else one per allowed CPU but one, up to DEFAULT_THREADS:
+ * the program is quiesced meanwhile, and the memcpy is what limits the rate
  * (~3.5 GB/s per thread while the copy engines write the same memory). */
 static int copy_threads(void)
 {
     const char *v = getenv("GPUCR_COPY_THREADS");
     int n = v && *v ? atoi(v) : DEFAULT_THREADS;
-    if (!(v && *v) && cpus_allowed() < n)
-        n = cpus_allowed();
+    if (!(v && *v) && cpus_allowed() - 1 < n)
+        n = cpus_allowed() - 1;
     return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
 }
 
