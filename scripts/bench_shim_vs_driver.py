@@ -59,8 +59,9 @@ print(json.dumps({{"d2h_GBps": best(lambda: h.copy_(d, non_blocking=True)), "h2d
     return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-500:]}
 
 
-def start(args, gib, shim: bool, run_dir: Path):
+def start(args, gib, shim: bool, run_dir: Path, extra_env: dict | None = None):
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(extra_env or {})
     cmd = [args.cuda_bin, str(STEPS), str(gib), str(PACE_MS)]
     if shim:
         env.update(GPUCR_RUN_DIR=str(run_dir))
