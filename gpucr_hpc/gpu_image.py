@@ -14,6 +14,7 @@ process (shim) to and from such a file; datasets written that way also carry
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
 import hashlib
@@ -345,11 +346,16 @@ def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None 
             "block_bytes": block_bytes, "layout_s": t1 - t0, "copy_s": t2 - t1, "fsync_s": t3 - t2}
 
 
-def load_process(path: Path, pid: int, blobs: list[Blob]) -> dict:
+def load_process(path: Path, pid: int, blobs: list[Blob], *, block_digests: list[str] | None = None,
+                 block_bytes: int = 64 << 20) -> dict:
     """Copy a file written by save_process into process `pid`'s arena at the blobs' addresses.
 
     The blobs are what the restored shim reports; each must be in the file with
-    its size (matched by handle), else ValueError and nothing is written."""
+    its size (matched by handle), else ValueError and nothing is written.
+    block_digests: the file's per-block sha256 (save_process's `checksum`): each
+    block is checked as it is read, so the file is read from the disk once, not
+    once to check it and again to load it; a mismatch is a ValueError, and the
+    process, whose arena now holds bad bytes, must not run on."""
     layout = _layout(path)
     jobs = []
     for b in blobs:
@@ -365,8 +371,58 @@ def load_process(path: Path, pid: int, blobs: list[Blob]) -> dict:
     t0 = time.monotonic()
     fd = os.open(path, os.O_RDONLY)
     try:
-        total = _copy(jobs, lambda buf, src, n: _pread_all(fd, buf, src, n),
-                      lambda buf, dst, n: _vm_copy(pid, buf, dst, n, write=True))
+        if block_digests is None:
+            total = _copy(jobs, lambda buf, src, n: _pread_all(fd, buf, src, n),
+                          lambda buf, dst, n: _vm_copy(pid, buf, dst, n, write=True))
+        else:
+            total = _load_checked(fd, path, pid, jobs, block_digests, block_bytes)
     finally:
         os.close(fd)
-    return {"bytes": total, "allocations": len(blobs), "copy_s": time.monotonic() - t0}
+    return {"bytes": total, "allocations": len(blobs), "copy_s": time.monotonic() - t0,
+            "checked": block_digests is not None}
+
+
+def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block_bytes: int) -> int:
+    """load_process with each block of the file hashed as it is read: workers take
+    whole blocks (the file's every byte, metadata included), write the payload
+    parts into the process, and compare the block's sha256 with its digest."""
+    size = os.fstat(fd).st_size
+    if len(digests) != (size + block_bytes - 1) // block_bytes:
+        raise ValueError(f"{path} has {size} bytes, its checksums are for another size (truncated or corrupt)")
+    payload = sorted((off, size_, host) for off, host, size_ in jobs)
+    starts = [p[0] for p in payload]
+    blocks = iter(range(len(digests)))
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def worker() -> int:
+        buf = np.empty(min(COPY_CHUNK, block_bytes), dtype=np.uint8)
+        done = 0
+        while not failed.is_set():
+            with lock:
+                i = next(blocks, None)
+            if i is None:
+                break
+            h = hashlib.sha256()
+            try:
+                for start in range(i * block_bytes, min(size, (i + 1) * block_bytes), buf.size):
+                    n = min(buf.size, size - start, (i + 1) * block_bytes - start)
+                    _pread_all(fd, buf, start, n)
+                    h.update(memoryview(buf)[:n])
+                    for off, k, host in payload[max(0, bisect.bisect_right(starts, start) - 1):]:
+                        if off >= start + n:
+                            break
+                        lo, hi = max(off, start), min(off + k, start + n)
+                        if lo < hi:
+                            _vm_copy(pid, buf[lo - start:], host + lo - off, hi - lo, write=True)
+                            done += hi - lo
+                if h.hexdigest() != digests[i]:
+                    raise ValueError(f"checksum mismatch in {path.name}, block {i} (corrupt image)")
+            except BaseException:
+                failed.set()
+                raise
+        return done
+
+    with ThreadPoolExecutor(max_workers=COPY_WORKERS) as ex:
+        futures = [ex.submit(worker) for _ in range(COPY_WORKERS)]
+        return sum(f.result() for f in futures)

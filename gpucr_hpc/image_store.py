@@ -225,8 +225,10 @@ def check_owner(path: Path, manifest: dict | None, euid: int | None = None) -> N
                              "restore it as its owner or as root")
 
 
-def verify(path: Path, manifest: dict, workers: int = 2) -> None:
-    """Every listed file is present with its size and sha256; nothing unlisted under criu/."""
+def verify(path: Path, manifest: dict, workers: int = 2, defer: frozenset[str] = frozenset()) -> None:
+    """Every listed file is present with its size and sha256; nothing unlisted under criu/.
+    defer: files whose sha256 the caller checks itself as it reads them (the GPU data,
+    gpu_image.load_process), so they are read once; their size is still checked here."""
     path = Path(path)
     files = manifest.get("files") or {}
     for rel, rec in files.items():
@@ -258,7 +260,7 @@ def verify(path: Path, manifest: dict, workers: int = 2) -> None:
         return rel, rec["sha256"], mf.sha256_file(path / rel)
 
     # Largest first, so the two workers finish together.
-    items = sorted(files.items(), key=lambda kv: -kv[1]["size"])
+    items = sorted(((rel, rec) for rel, rec in files.items() if rel not in defer), key=lambda kv: -kv[1]["size"])
     with ThreadPoolExecutor(max_workers=max(1, workers)) as ex:
         for rel, want, got in ex.map(check, items):
             if want != got:
@@ -266,15 +268,33 @@ def verify(path: Path, manifest: dict, workers: int = 2) -> None:
                                  "restore from another copy of the image")
 
 
-def open_image(path: Path, *, verify_checksums: bool = True) -> Image:
-    """Open a committed image for restore: committed, owned, intact, or a GpucrError."""
+def open_image(path: Path, *, verify_checksums: bool = True, defer_gpu_data: bool = False) -> Image:
+    """Open a committed image for restore: committed, owned, intact, or a GpucrError.
+    defer_gpu_data: the GPU data files (gpu_data_files) are checked block by block
+    as the restore loads them (gpu_image.load_process), not here."""
     path = Path(path).absolute()
     check_owner(path, None)
     m = mf.load(path)
     check_owner(path, m)
     if verify_checksums:
-        verify(path, m)
+        verify(path, m, defer=gpu_data_files(m) if defer_gpu_data else frozenset())
     return Image(path=path, manifest=m)
+
+
+def gpu_data_files(m: dict) -> frozenset[str]:
+    """The image's GPU data (.h5) files that carry per-block checksums."""
+    files = m.get("files") or {}
+    return frozenset(r["h5"] for r in m.get("gpu_processes") or []
+                     if r.get("h5") and "sha256_blocks" in files.get(r["h5"], {}))
+
+
+def block_checksums(m: dict, rel: str) -> tuple[list[str], int]:
+    """The per-block sha256 of an image file and the block size."""
+    rec = (m.get("files") or {}).get(rel) or {}
+    if "sha256_blocks" not in rec or rec.get("block_bytes") != HASH_BLOCK:
+        raise GpucrError(f"{rel} has no per-block checksums of {HASH_BLOCK} bytes in its manifest",
+                         "restore with the gpucr-hpc that wrote it")
+    return rec["sha256_blocks"], rec["block_bytes"]
 
 
 def tree_digest(path: Path) -> str:

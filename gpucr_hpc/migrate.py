@@ -338,7 +338,8 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     image_store.check_owner(Path(from_dir).absolute(), None)
     criu = criu_mod.find_criu()
     t = time.monotonic()
-    img = image_store.open_image(Path(from_dir), verify_checksums=not checksums_verified)
+    # the GPU data is checked as it is loaded (read once), everything else now
+    img = image_store.open_image(Path(from_dir), verify_checksums=not checksums_verified, defer_gpu_data=True)
     timings["verify_s"] = time.monotonic() - t
     m = img.manifest
     proc = m.get("process") or {}
@@ -369,7 +370,7 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     placed = []
     if m.get("gpu_processes"):
         t = time.monotonic()
-        gt, placed = _restore_gpu_or_end(m, img.path, restored, new_ns, plan)
+        gt, placed = _restore_gpu_or_end(m, img.path, restored, new_ns, plan, check=not checksums_verified)
         timings.update({f"gpu_{k}": v for k, v in gt.items()})
         timings["gpu_restore_s"] = time.monotonic() - t
     shutil.rmtree(work, ignore_errors=True)
@@ -381,7 +382,8 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
             "_launcher": restored.launcher}
 
 
-def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None) -> tuple[dict, list]:
+def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None,
+                        check: bool = True) -> tuple[dict, list]:
     """GPU state into the CRIU-restored tree (timings, and the GPUs of each process);
     on failure the tree is ended (it could not run on) and the image stays as it
     was, for another try."""
@@ -390,7 +392,8 @@ def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None)
     tree = criu_mod.process_tree(restored.host_pid)
     pid_map = {(criu_mod.nspid(p)[-1] if new_ns else p): p for p in tree}
     try:
-        return migrate_gpu.restore_gpu(m, image, pid_map, plan), migrate_gpu.placement(m, plan, pid_map)
+        return (migrate_gpu.restore_gpu(m, image, pid_map, plan, check=check),
+                migrate_gpu.placement(m, plan, pid_map))
     except BaseException as e:
         criu_mod.end_tree(restored.host_pid, restored.launcher)
         if isinstance(e, GpucrError):

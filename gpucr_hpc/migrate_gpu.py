@@ -196,12 +196,15 @@ class GpuCheckpoint:
         return {"resume_s": time.monotonic() - t0}
 
 
-def _refill(rec: dict, pid: int, image_dir: Path) -> dict:
-    """arena_attach in process `pid`, then its .h5 into the arena."""
+def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None) -> dict:
+    """arena_attach in process `pid`, then its .h5 into the arena; with the
+    manifest `m`, each block checked against its sha256 as it is read."""
+    digests, block = image_store.block_checksums(m, rec["h5"]) if m else (None, 0)
     c = _client(pid, rec["socket"])
     r = _ok(c.request("arena_attach", timeout=600.0), pid, "re-creating the arena")
     try:
-        rep = gpu_image.load_process(image_dir / rec["h5"], pid, gpu_image.blobs_from_reply(r))
+        rep = gpu_image.load_process(image_dir / rec["h5"], pid, gpu_image.blobs_from_reply(r),
+                                     block_digests=digests, block_bytes=block or image_store.HASH_BLOCK)
     except (OSError, ValueError) as e:
         raise GpucrError(f"loading the GPU data of process {pid} from {image_dir / rec['h5']} failed: {e}",
                          "restore from an intact copy of the image")
@@ -263,9 +266,10 @@ def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> 
 
 
 def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
-                plan: gpu_remap.Plan | None = None) -> dict:
+                plan: gpu_remap.Plan | None = None, check: bool = False) -> dict:
     """GPU state of a CRIU-restored tree; pid_map: PID at checkpoint -> PID here;
-    plan: onto which GPUs (None: the ones it had)."""
+    plan: onto which GPUs (None: the ones it had); check: the .h5 files were not
+    verified yet, so each block is checked as it is loaded."""
     timings: dict[str, float] = {}
     recs = m.get("gpu_processes") or []
     cuda = [r for r in recs if r["cuda"]]
@@ -288,7 +292,7 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     total = 0
     for r, tg in targets:
         if r["h5"]:
-            rep = _refill(r, tg.pid, image_dir)
+            rep = _refill(r, tg.pid, image_dir, m if check and r["h5"] in image_store.gpu_data_files(m) else None)
             total += rep["bytes"]
             timings["attach_s"] = timings.get("attach_s", 0.0) + rep["attach_s"]
     timings["h5_read_s"] = time.monotonic() - t - timings.get("attach_s", 0.0)

@@ -152,3 +152,40 @@ def test_block_copy_is_whole_and_its_digests_are_the_files(tmp_path, monkeypatch
     assert stat_mode(dst) == 0o640
     with pytest.raises(FileExistsError):  # never over an existing file
         image_store.copy_with_block_sha256(src, dst)
+
+
+def _make_gpu_image(tmp_path):
+    """An image whose GPU data file has per-block checksums and a gpu_processes record."""
+    m = mf.new_manifest(kind="test", vendor=None, gpu=None)
+    w = image_store.ImageWriter(tmp_path / "img", m)
+    p = w.path / "process-1.h5"
+    gpu_image.write(p, _buffers())
+    w.add_blocks("process-1.h5", p.stat().st_size, image_store.block_digests(p))
+    m["gpu_processes"] = [{"pid": 1, "h5": "process-1.h5", "shim": True, "cuda": True}]
+    w.commit()
+    return tmp_path / "img"
+
+
+def test_gpu_data_checked_as_it_is_loaded_is_skipped_by_open_but_not_its_size(tmp_path):
+    """restore --from opens with defer_gpu_data: the .h5 is hashed by the loader (one read
+    from disk), so open_image does not read it; every other check still runs."""
+    img = _make_gpu_image(tmp_path)
+    m = image_store.open_image(img, defer_gpu_data=True).manifest
+    assert image_store.gpu_data_files(m) == {"process-1.h5"}
+    digests, block = image_store.block_checksums(m, "process-1.h5")
+    assert block == image_store.HASH_BLOCK and digests == image_store.block_digests(img / "process-1.h5")
+    p = img / "process-1.h5"
+    data = bytearray(p.read_bytes())
+    data[-100] ^= 1
+    p.write_bytes(bytes(data))
+    image_store.open_image(img, defer_gpu_data=True)  # left to the loader
+    with pytest.raises(GpucrError, match="checksum mismatch in process-1.h5"):
+        image_store.open_image(img)
+    p.write_bytes(bytes(data[:-1]))
+    with pytest.raises(GpucrError, match="truncated or corrupt"):
+        image_store.open_image(img, defer_gpu_data=True)
+    (img / "criu").mkdir(exist_ok=True)
+    m2 = json.loads((img / "manifest.json").read_text())
+    del m2["files"]["process-1.h5"]["sha256_blocks"]
+    with pytest.raises(GpucrError, match="no per-block checksums"):
+        image_store.block_checksums(m2, "process-1.h5")

@@ -82,6 +82,39 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
         child.wait()
 
 
+@pytest.mark.parametrize("block", [image_store.HASH_BLOCK, (1 << 20) + 4097])
+def test_load_checks_each_block_as_it_reads(tmp_path, block):
+    """load_process with the file's block digests: the data arrives whole in one read,
+    checked; a flipped byte, or digests of another size, are refused with the cause."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        ha, na, hb, nb = map(int, child.stdout.readline().split())
+        blobs = [gpu_image.Blob(handle=0x20, va=0x7F0000000000, size=na, device=0, host=ha),
+                 gpu_image.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
+        p = tmp_path / "process-1.h5"
+        digests = gpu_image.save_process(p, child.pid, blobs, block_bytes=block)["checksum"]
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "zeroed"
+        with pytest.raises(ValueError, match="another size"):
+            gpu_image.load_process(p, child.pid, blobs, block_digests=digests[:-1], block_bytes=block)
+        bad = bytearray(p.read_bytes())
+        bad[len(bad) // 2] ^= 0x10
+        corrupt = tmp_path / "corrupt.h5"
+        corrupt.write_bytes(bytes(bad))
+        with pytest.raises(ValueError, match=r"checksum mismatch in corrupt.h5, block \d+ \(corrupt image\)"):
+            gpu_image.load_process(corrupt, child.pid, blobs, block_digests=digests, block_bytes=block)
+        rep = gpu_image.load_process(p, child.pid, blobs, block_digests=digests, block_bytes=block)
+        assert rep["bytes"] == na + nb and rep["checked"]
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "same"
+    finally:
+        child.kill()
+        child.wait()
+
+
 @pytest.mark.gpu
 def test_pytorch_process_migrates_bit_identically(tmp_path):
     pytest.importorskip("torch")
