@@ -119,6 +119,10 @@ def file_attrs(path: Path) -> dict:
 
 COPY_CHUNK = 64 << 20
 COPY_WORKERS = 4
+# A checked load's worker reads a block, then hashes and copies it with no read
+# in flight: 8 keep the disk busy (4 left it idle ~30 % of the time on the H100
+# machine: 0.75 of the file system's read rate).
+LOAD_WORKERS = 8
 ALIGN = 1 << 20
 
 
@@ -423,6 +427,6 @@ def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block
                 raise
         return done
 
-    with ThreadPoolExecutor(max_workers=COPY_WORKERS) as ex:
-        futures = [ex.submit(worker) for _ in range(COPY_WORKERS)]
+    with ThreadPoolExecutor(max_workers=LOAD_WORKERS) as ex:
+        futures = [ex.submit(worker) for _ in range(LOAD_WORKERS)]
         return sum(f.result() for f in futures)
