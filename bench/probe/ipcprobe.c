@@ -2,8 +2,10 @@
  * Two roles of one program, each driven over stdin by ipcprobe.py:
  *   ipcprobe target GIB   reserves GIB of virtual addresses; imports, maps, checks,
  *                         fills and releases memory another process exported
+ *                         (or makes its own, exportable: the checkpoint direction)
  *   ipcprobe helper GIB   creates GIB of exportable memory (POSIX fd), fills it
- *                         from its own pinned buffer, exports it, drops it
+ *                         from its own pinned buffer, exports it, drops it; or
+ *                         imports the target's and copies it out
  * The target takes the helper's fd with pidfd_getfd (same user or root).
  * Replies: one JSON object per command line. */
 #define _GNU_SOURCE
@@ -73,23 +75,51 @@ static int check(uint32_t v, int *ok)
     return 0;
 }
 
+/* exportable memory of our own, mapped at va, its fd in `fd` */
+static int create_export(void)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CK(cuMemCreate(&h, dsize, &prop, 0));
+    if (map_access())
+        return 1;
+    CK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    return 0;
+}
+
+/* the memory behind fd FD of process PID, mapped at va */
+static int import_from(pid_t pid, int theirs)
+{
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    int mine = pfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pfd, theirs, 0);
+    if (pfd >= 0)
+        close(pfd);
+    if (mine < 0) {
+        printf("{\"error\": \"pidfd_getfd failed\"}\n");
+        fflush(stdout);
+        return 1;
+    }
+    CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)mine, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    close(mine);
+    return map_access();
+}
+
 static int target(const char *cmd, long a, long b, double *s, int *ok)
 {
     double t0 = now();
     if (!strcmp(cmd, "import")) { /* import HELPER_PID FD */
-        int pfd = (int)syscall(SYS_pidfd_open, (pid_t)a, 0);
-        int mine = pfd < 0 ? -1 : (int)syscall(SYS_pidfd_getfd, pfd, (int)b, 0);
-        if (pfd >= 0)
-            close(pfd);
-        if (mine < 0) {
-            printf("{\"error\": \"pidfd_getfd failed\"}\n");
-            fflush(stdout);
+        if (import_from((pid_t)a, (int)b))
             return 1;
-        }
-        CK(cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)mine, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
-        close(mine);
-        if (map_access())
+    } else if (!strcmp(cmd, "own")) { /* our own exportable memory: the checkpoint direction */
+        if (create_export())
             return 1;
+    } else if (!strcmp(cmd, "unexport")) {
+        if (fd >= 0)
+            close(fd);
+        fd = -1;
     } else if (!strcmp(cmd, "check")) {
         if (check((uint32_t)a, ok))
             return 1;
@@ -117,20 +147,25 @@ static int target(const char *cmd, long a, long b, double *s, int *ok)
     return 0;
 }
 
-static int helper(const char *cmd, long a, double *s, int *ok)
+static int helper(const char *cmd, long a, long b, double *s, int *ok)
 {
-    (void)ok;
     double t0 = now();
     if (!strcmp(cmd, "create")) {
-        CUmemAllocationProp prop;
-        memset(&prop, 0, sizeof prop);
-        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        CK(cuMemCreate(&h, dsize, &prop, 0));
-        if (map_access())
+        if (create_export())
             return 1;
-        CK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    } else if (!strcmp(cmd, "import")) { /* import TARGET_PID FD */
+        if (import_from((pid_t)a, (int)b))
+            return 1;
+    } else if (!strcmp(cmd, "d2h")) { /* d2h VALUE: the whole memory into the pinned buffer, checked */
+        int k = 0;
+        for (size_t off = 0; off < dsize; off += PIECE)
+            CK(cuMemcpyDtoHAsync(pinned, va + off, dsize - off < PIECE ? dsize - off : PIECE, st[k++ & 1]));
+        CK(cuStreamSynchronize(st[0]));
+        CK(cuStreamSynchronize(st[1]));
+        *s = now() - t0;
+        *ok = pinned[0] == (uint32_t)a && pinned[PIECE / 8] == (uint32_t)a;
+        pinned_val = 0;
+        return 0;
     } else if (!strcmp(cmd, "h2d")) { /* h2d VALUE: the whole memory from the pinned buffer */
         if (pinned_val != (uint32_t)a || !pinned_val) {
             for (size_t k = 0; k < PIECE / 4; k++)
@@ -146,7 +181,8 @@ static int helper(const char *cmd, long a, double *s, int *ok)
     } else if (!strcmp(cmd, "drop")) {
         CK(cuMemUnmap(va, dsize));
         CK(cuMemRelease(h));
-        close(fd);
+        if (fd >= 0)
+            close(fd);
         fd = -1;
         mapped = 0;
     } else {
@@ -187,14 +223,14 @@ int main(int argc, char **argv)
             break;
         double s = 0;
         int ok = -1;
-        if (is_helper ? helper(cmd, a, &s, &ok) : target(cmd, a, b, &s, &ok))
+        if (is_helper ? helper(cmd, a, b, &s, &ok) : target(cmd, a, b, &s, &ok))
             continue;
         printf("{\"cmd\": \"%s\", \"s\": %.6f", cmd, s);
         if (ok >= 0)
             printf(", \"ok\": %s", ok ? "true" : "false");
-        if (is_helper && !strcmp(cmd, "create"))
+        if (!strcmp(cmd, "create") || !strcmp(cmd, "own"))
             printf(", \"fd\": %d", fd);
-        if (is_helper && !strcmp(cmd, "h2d"))
+        if (is_helper && (!strcmp(cmd, "h2d") || !strcmp(cmd, "d2h")))
             printf(", \"GBps\": %.2f", (double)dsize / s / 1e9);
         printf("}\n");
         fflush(stdout);

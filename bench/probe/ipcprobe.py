@@ -13,6 +13,8 @@ process that holds exported or imported GPU memory when it is checkpointed
      target then imports it at its old addresses. Time of both at once against
      one after the other.
   4. once more released, another driver cycle.
+  5. the checkpoint direction: the target exports memory of its own, a helper
+     imports it and copies it out; once both let go, a driver cycle.
 
 Every step is recorded with its error, if any; a step that would hang is
 abandoned after a timeout. Prints one JSON object.
@@ -165,6 +167,20 @@ try:
         T.cmd("release")
         answers["cycle_after_second_import_released"] = cycle("cycle 3", T.pid)
         answers["context_works_after_cycle_3"] = T.cmd("compute").get("ok")
+    # 5. the checkpoint direction: the target exports its own memory, a helper
+    #    copies it out at full rate; both let go; then the driver cycle
+    H3 = Proc("helper")
+    own = T.cmd("own")
+    T.cmd("fill 1145324612")  # 0x44444444
+    answers["helper_imports_targets_memory"] = H3.cmd(f"import {T.pid} {own.get('fd')}")
+    H3.cmd("d2h 0")  # warm-up
+    answers["helper_copy_out"] = H3.cmd("d2h 1145324612")
+    H3.cmd("drop")
+    H3.quit()
+    T.cmd("release")
+    T.cmd("unexport")
+    answers["cycle_after_export_released"] = cycle("cycle 4 (exported memory released)", T.pid)
+    answers["context_works_after_cycle_4"] = T.cmd("compute").get("ok")
 finally:
     out["answers"] = answers
     T.quit()
