@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -71,6 +72,12 @@ static void copy_nt_read(void)
     if (!(v && *v))
         v = GPUCR_COPY_NT_DEFAULT;
     int both = !strcmp(v, "1") || !strcmp(v, "both") || !strcmp(v, "on") || !strcmp(v, "yes");
+    int none = !strcmp(v, "0") || !strcmp(v, "no") || !strcmp(v, "off");
+    if (!both && !none && strcmp(v, "out") && strcmp(v, "in")) {
+        fprintf(stderr, "gpucr: GPUCR_COPY_NT=%s is not one of out, in, both, 0; using %s\n", v,
+                GPUCR_COPY_NT_DEFAULT);
+        v = GPUCR_COPY_NT_DEFAULT;
+    }
     nt_out = both || !strcmp(v, "out");
     nt_in = both || !strcmp(v, "in");
 }
@@ -84,6 +91,11 @@ static unsigned event_flags(void)
         const char *v = getenv("GPUCR_COPY_WAIT");
         if (!(v && *v))
             v = GPUCR_COPY_WAIT_DEFAULT;
+        if (strcmp(v, "block") && strcmp(v, "spin")) {
+            fprintf(stderr, "gpucr: GPUCR_COPY_WAIT=%s is not block or spin; using %s\n", v,
+                    GPUCR_COPY_WAIT_DEFAULT);
+            v = GPUCR_COPY_WAIT_DEFAULT;
+        }
         wait_block = !strcmp(v, "block");
     }
     return CU_EVENT_DISABLE_TIMING | (wait_block ? CU_EVENT_BLOCKING_SYNC : 0);

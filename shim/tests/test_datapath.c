@@ -200,6 +200,19 @@ int main(void)
                 CHECK(memcmp(dev[i], ref[i], sizes[i]) == 0);
         }
     }
+    /* a value that is no mode: the default, and one line on stderr (not checked here) */
+    setenv("GPUCR_COPY_NT", "sideways", 1);
+    setenv("GPUCR_COPY_WAIT", "nap", 1);
+    gpucr_datapath_after_fork_child();
+    {
+        struct gpucr_copy_stats st;
+        CHECK(gpucr_copy(ps, N, 1, &st) == CUDA_SUCCESS);
+        CHECK(st.streaming == 1 && st.blocking == 1); /* out, block */
+        CHECK(gpucr_copy(ps, N, 0, &st) == CUDA_SUCCESS);
+        CHECK(st.streaming == 0);
+        for (int i = 0; i < N; i++)
+            CHECK(memcmp(dev[i], host[i], sizes[i]) == 0);
+    }
     unsetenv("GPUCR_COPY_NT");
     unsetenv("GPUCR_COPY_WAIT");
     PASS("datapath: bounce copies arrive whole both ways (1, 3, 8 workers; streaming stores out, both, none; "
