@@ -126,7 +126,8 @@ def driver_only(args, gib) -> dict:
             p.finish(30)
 
 
-SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "copy_threads", "arena_setup_s")
+SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "copy_threads", "copy_stores", "copy_wait",
+             "arena_setup_s")
 
 
 def gpucr(args, gib) -> dict:

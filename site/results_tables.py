@@ -144,12 +144,21 @@ def job_gpu_slurm() -> str:
         table(header, rows(vram))])
 
 
+MIGRATION_FILES = [("migrate-gpu-h100-2g.json", "root"),
+                   ("nonroot-gpu-h100.json", "ordinary user"),
+                   ("migrate-gpu-h100-8g-shm.json", "root"),
+                   ("migrate-gpu-h100-8g-hugetlbfs.json", "root, hugetlbfs"),
+                   ("migrate-gpu-h100-8g-shm-first-version.json", "root, first version")]
+
+
+def before_after(d: dict, key: str) -> str:
+    """The file system's rate measured before the scenario / after it ("—" where not measured)."""
+    a, b = get(d, f"{key}.MBps"), get(d, f"{key}_after.MBps")
+    return mbps(a) if b is None and a is None else f"{mbps(a)} / {mbps(b)}"
+
+
 def migration() -> str:
-    files = [("migrate-gpu-h100-2g.json", "root"),
-             ("nonroot-gpu-h100.json", "ordinary user"),
-             ("migrate-gpu-h100-8g-hugetlbfs.json", "root"),
-             ("migrate-gpu-h100-8g-shm-first-version.json", "root, first version")]
-    data = [(f, who, load(f)) for f, who in files]
+    data = [(f, who, load(f)) for f, who in MIGRATION_FILES]
     lines = []
     for f, _, d in data:
         lines.append(f"* `bench/results/{f}`: {d.get('device', MISSING)}, driver "
@@ -160,8 +169,12 @@ def migration() -> str:
         size = get(d, "args.arena_size")
         return f"{a}, {size} preallocated" if size else a
 
+    def vs(d, key):
+        return MISSING if d.get(key) is None else f"{d[key]:.2f}"
+
     header = [""] + [f"{get(d, 'args.ballast_gib')} GiB, {who}" for _, who, d in data]
     spec = [
+        ("measured on", lambda d: (d.get("date") or MISSING)[:10]),
         ("arena", lambda d: arena(d)),
         ("images written to", lambda d: f"`{d.get('image_root')}`" if d.get("image_root") else MISSING),
         ("image size", lambda d: gib(get(d, "kill.checkpoint.bytes"))),
@@ -181,11 +194,10 @@ def migration() -> str:
         ("&nbsp;&nbsp;process gone after", lambda d: s(get(d, "kill.checkpoint.timings.released_s"))),
         ("&nbsp;&nbsp;CRIU files to the image", lambda d: s(get(d, "kill.checkpoint.timings.persist_s"))),
         ("&nbsp;&nbsp;total", lambda d: s(get(d, "kill.checkpoint.timings.total_s"))),
-        ("file system's own write rate there", lambda d: mbps(get(d, "fs_write.MBps"))),
-        (".h5 write rate / file system's", lambda d: MISSING if d.get("h5_write_vs_fs_write") is None
-         else f"{d['h5_write_vs_fs_write']:.2f}"),
+        ("file system's own write rate there, before / after the scenario", lambda d: before_after(d, "fs_write")),
+        (".h5 write rate / file system's (the faster)", lambda d: vs(d, "h5_write_vs_fs_write")),
         ("`restore --from`, wall time", lambda d: s(get(d, "kill.restore.cli_wall_s"))),
-        ("&nbsp;&nbsp;checksums verified", lambda d: s(get(d, "kill.restore.timings.verify_s"))),
+        ("&nbsp;&nbsp;checksums verified first", lambda d: s(get(d, "kill.restore.timings.verify_s"))),
         ("&nbsp;&nbsp;CRIU restore", lambda d: s(get(d, "kill.restore.timings.criu_restore_s"))),
         ("&nbsp;&nbsp;driver restore", lambda d: s(get(d, "kill.restore.timings.gpu_control_s"))),
         ("&nbsp;&nbsp;host arena re-created", lambda d: s(get(d, "kill.restore.timings.gpu_attach_s"))),
@@ -194,9 +206,9 @@ def migration() -> str:
                    f"({mbps(get(d, 'kill.restore.timings.gpu_h5_read_MBps'))})"),
         ("&nbsp;&nbsp;data back to the GPU", lambda d: s(get(d, "kill.restore.timings.gpu_data_s"))),
         ("&nbsp;&nbsp;total", lambda d: s(get(d, "kill.restore.timings.total_s"))),
-        ("file system's own read rate there (page cache dropped)", lambda d: mbps(get(d, "fs_read.MBps"))),
-        (".h5 read rate / file system's", lambda d: MISSING if d.get("h5_read_vs_fs_read") is None
-         else f"{d['h5_read_vs_fs_read']:.2f}"),
+        ("file system's own read rate there (page cache dropped), before / after the scenario",
+         lambda d: before_after(d, "fs_read")),
+        (".h5 read rate / file system's (the faster)", lambda d: vs(d, "h5_read_vs_fs_read")),
         ("restored output bit-identical", lambda d: yes(get(d, "checks.kill_restored_bit_identical"))),
         ("image unchanged by the restore", lambda d: yes(get(d, "checks.kill_image_unchanged_by_restore"))),
     ]
@@ -205,7 +217,7 @@ def migration() -> str:
     d = load("migrate-gpu-h100-2g.json")
     lr = d.get("leave_running") or {}
     again = lr.get("restore_again_new_pidns") or {}
-    leave = table(["`--leave-running`, 2 GiB, root", ""], [
+    leave = table([f"`--leave-running`, {get(d, 'args.ballast_gib')} GiB, root", ""], [
         ["`checkpoint --pid --to --leave-running`, wall time", s(get(lr, "checkpoint.cli_wall_s"))],
         ["GPU memory handed back after", s(get(lr, "checkpoint.timings.gpu_released_s"))],
         ["process held (until the dump ended)", s(get(lr, "checkpoint.timings.released_s"))],
@@ -221,7 +233,7 @@ def migration() -> str:
         ["&nbsp;&nbsp;image unchanged", yes(get(d, "checks.again_image_unchanged"))],
     ])
     return "\n".join(lines + ["", "Checkpoint to an image, process ended, restored from the image:", "",
-                              kill, "", leave])
+                              kill, "", f"From `bench/results/migrate-gpu-h100-2g.json`, the same run:", "", leave])
 
 
 def share(v) -> str:
@@ -237,12 +249,23 @@ def ratio(v) -> str:
     return MISSING if not v else f"{v:.3f} (1/{1 / v:.1f})"
 
 
+def size(v) -> str:
+    """Bytes as GiB, or as MiB below 1 GiB."""
+    if v is None:
+        return MISSING
+    return f"{v / 2**30:.2f} GiB" if v >= 2**30 else f"{v / 2**20:.0f} MiB"
+
+
+def cycles_of(fp: dict) -> list:
+    return get(fp, "gpucr.cycles") or []
+
+
 def last_cycle(fp: dict) -> dict:
-    return (get(fp, "gpucr.cycles") or [{}])[-1]
+    return (cycles_of(fp) or [{}])[-1]
 
 
 def first_cycle(fp: dict) -> dict:
-    return (get(fp, "gpucr.cycles") or [{}])[0]
+    return (cycles_of(fp) or [{}])[0]
 
 
 def setup_parts(fp: dict) -> tuple:
@@ -258,19 +281,78 @@ def threads_of(fp: dict):
     return get(last_cycle(fp), "checkpoint.shim.copy_threads")
 
 
+def slot_mib_of(fp: dict):
+    """The staging slot: the ring holds two slots per copy thread (shim/datapath.c)."""
+    ring, t = get(fp, "gpucr.one_time.staging_bytes"), threads_of(fp)
+    return None if not ring or not t else ring / (2 * t) / 2**20
+
+
+# GPUCR_COPY_NT: the stores of the copy (out: into the arena, in: into the ring)
+NT_STORES = {"out": ("streaming", "cached"), "in": ("cached", "streaming"), "both": ("streaming", "streaming"),
+             "1": ("streaming", "streaming"), "0": ("cached", "cached")}
+# the bounce path's knobs, in the order of datapath_ab.py's THREADS:SLOT_MIB:NT:WAIT
+KNOBS = ("GPUCR_COPY_THREADS", "GPUCR_COPY_SLOT_MIB", "GPUCR_COPY_NT", "GPUCR_COPY_WAIT")
+
+
+def rate_of(c: dict, way: str):
+    n, t = c.get("bytes"), get(c, f"{way}.data_s")
+    return None if n is None or not t else n / t / 1e9
+
+
+def copy_config(d: dict, fps: list | None = None) -> dict:
+    """How the bounce path copied in a bench_shim_vs_driver.py file: copy threads and
+    slot from the shim's replies and the ring's size; stores and waits from the
+    replies where they carry them, else from the GPUCR_COPY_* the run set."""
+    fps = d.get("footprints", []) if fps is None else fps
+    env = get(d, "options.env") or {}
+    cyc = [c for fp in fps for c in cycles_of(fp)]
+
+    def one(vals):
+        vals = sorted(set(vals) - {None}, key=str)
+        return None if not vals else ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in vals)
+
+    threads = one(threads_of(fp) for fp in fps)
+    slot = one(slot_mib_of(fp) for fp in fps)
+    ring = one(size(get(fp, "gpucr.one_time.staging_bytes")) for fp in fps)
+    out = one(get(c, "checkpoint.shim.copy_stores") for c in cyc)
+    inn = one(get(c, "restore.shim.copy_stores") for c in cyc)
+    wait = one([get(c, "checkpoint.shim.copy_wait") for c in cyc] + [get(c, "restore.shim.copy_wait") for c in cyc])
+    nt, w = env.get("GPUCR_COPY_NT"), env.get("GPUCR_COPY_WAIT")
+    if out or inn:
+        stores = f"{out or MISSING} out, {inn or MISSING} in"
+    elif nt in NT_STORES:
+        stores = f"{NT_STORES[nt][0]} out, {NT_STORES[nt][1]} in"
+    else:
+        stores = MISSING
+    copy_env = {k: v for k, v in env.items() if k.startswith("GPUCR_COPY_")}
+    set_ = (ab_config(copy_env) if all(k in copy_env for k in KNOBS)
+            else " ".join(f"`{k}={v}`" for k, v in copy_env.items()))
+    return {"threads": threads, "slot": slot, "ring": ring, "stores": stores, "waits": wait or w or MISSING,
+            "set": set_, "recorded": bool(out or inn or wait)}
+
+
+def config_text(cfg: dict) -> str:
+    text = (f"{cfg['threads'] or MISSING} copy threads, {cfg['slot'] or MISSING} MiB slots "
+            f"(a {cfg['ring'] or MISSING} ring), stores: {cfg['stores']}; waits: {cfg['waits']}")
+    if cfg["set"]:
+        return text + f" (set: {cfg['set']})"
+    if not cfg["recorded"]:
+        return text + " (stores and waits not recorded; no `GPUCR_` variable set: the defaults of its shim)"
+    return text
+
+
 def data_path() -> str:
     name = "shim-vs-driver-h100.json"
     d = load(name)
     raw = d.get("raw_pinned") or {}
     fps = d.get("footprints", [])
     opt = d.get("options") or {}
-    threads = sorted({threads_of(fp) for fp in fps if threads_of(fp) is not None})
     pinned = sorted({get(fp, "gpucr.one_time.arena_pinned") for fp in fps} - {None})
     head = [measured(d, name) + f" {d.get('cpus', MISSING)} CPUs usable.",
             "",
             f"gpucr-hpc: arena in `{opt.get('arena', MISSING)}` "
-            f"({'pinned' if pinned == [True] else 'not pinned' if pinned == [False] else MISSING}), "
-            f"{', '.join(map(str, threads)) or MISSING} copy threads, "
+            f"({'pinned' if pinned == [True] else 'not pinned' if pinned == [False] else MISSING}); "
+            f"{config_text(copy_config(d))}. "
             f"{opt.get('cycles', MISSING)} checkpoint/restore cycles per footprint: the table shows the last, "
             "and the first cycle's totals in their own rows. "
             f"Raw pinned copy rate, measured in the same run with {raw.get('gib', MISSING)} GiB: "
@@ -287,7 +369,11 @@ def data_path() -> str:
         ("checkpoint, driver only", lambda fp, c: s(get(fp, "driver_only.checkpoint_s"))),
         ("gpucr-hpc / driver only", lambda fp, c: ratio(get(fp, "ratios.checkpoint_total_vs_driver"))),
         ("first cycle: checkpoint, gpucr-hpc", lambda fp, c: s(get(first_cycle(fp), "checkpoint.total_s"))),
-        ("VRAM in use after the checkpoint, gpucr-hpc / driver only",
+        ("GPU memory handed back (sampled), gpucr-hpc: the data / everything",
+         lambda fp, c: f"{s(get(c, 'vram.data_handed_back_s'))} / {s(get(c, 'vram.all_handed_back_s'))}"),
+        ("GPU memory handed back (sampled), driver only: everything",
+         lambda fp, c: s(get(fp, "driver_only.vram.all_handed_back_s"))),
+        ("VRAM in use after the checkpoint (`nvidia-smi`), gpucr-hpc / driver only",
          lambda fp, c: f"{mib(c.get('used_mib_after_checkpoint'))} / "
                        f"{mib(get(fp, 'driver_only.used_mib_after_checkpoint'))}"),
         ("**restore**, gpucr-hpc", lambda fp, c: s(get(c, "restore.total_s"))),
@@ -307,8 +393,8 @@ def data_path() -> str:
         ("&nbsp;&nbsp;create + pre-fault / staging ring",
          lambda fp, c: " / ".join(s(v) for v in setup_parts(fp))),
         ("arena / staging ring size",
-         lambda fp, c: f"{gib(get(fp, 'gpucr.one_time.arena_bytes'))} / "
-                       f"{gib(get(fp, 'gpucr.one_time.staging_bytes'))}"),
+         lambda fp, c: f"{size(get(fp, 'gpucr.one_time.arena_bytes'))} / "
+                       f"{size(get(fp, 'gpucr.one_time.staging_bytes'))}"),
     ]
     rows = [[label] + [fn(fp, last_cycle(fp)) for fp in fps] for label, fn in spec]
     return "\n".join(head + [table([""] + [f"{fp['gib']:g} GiB" for fp in fps], rows)])
@@ -318,9 +404,150 @@ def _list(items: list[str]) -> str:
     return ", ".join(items) if items else "none"
 
 
+# the three full runs of 2026-11-25 and the previous defaults' run, in the order they ran
+RUNS = [("shim-vs-driver-h100-run1-nt-both.json", "run 1"),
+        ("shim-vs-driver-h100-run2-nt-out.json", "run 2"),
+        ("datapath-previous-defaults-h100.json", "previous defaults"),
+        ("shim-vs-driver-h100.json", "main run")]
+AB_FILES = ["datapath-ab-h100-16g.json", "datapath-ab-h100-32g.json"]
+
+
+def raw_share(d: dict, c: dict, way: str):
+    """A cycle's data rate as a share of its run's raw pinned rate (None where not measured)."""
+    v, raw = rate_of(c, way), get(d, "raw_pinned." + ("d2h_GBps" if way == "checkpoint" else "h2d_GBps"))
+    return None if v is None or not raw else v / raw
+
+
+def data_path_runs() -> str:
+    data = [(f, label, load(f)) for f, label in RUNS]
+    lines = []
+    for f, label, d in data:
+        raw = d.get("raw_pinned") or {}
+        drv = any(fp.get("driver_only") for fp in d.get("footprints", []))
+        lines.append(
+            f"* **{label}**: `bench/results/{f}`, {d.get('device', MISSING)}, driver {d.get('driver', MISSING)}, "
+            f"{d.get('date', MISSING)}; {get(d, 'options.cycles') or MISSING} cycles per footprint; "
+            f"{config_text(copy_config(d))}. "
+            + (f"Raw pinned out / in: {gbps(raw.get('d2h_GBps'))} / {gbps(raw.get('h2d_GBps'))}."
+               if raw.get("d2h_GBps") else "No raw pinned rate measured.")
+            + ("" if drv else " No driver-only runs (`--no-driver`)."))
+    sizes = sorted({fp["gib"] for _, _, d in data for fp in d.get("footprints", [])})
+
+    def fp_of(d, g):
+        return next((fp for fp in d.get("footprints", []) if fp.get("gib") == g), None)
+
+    def rate(d, fp, way):
+        c = last_cycle(fp)
+        return f"{gbps(rate_of(c, way))}, {share(raw_share(d, c, way))}"
+
+    def total(d, fp, way, key):
+        t = get(last_cycle(fp), f"{way}.total_s")
+        r = get(fp, f"ratios.{key}")
+        return s(t) + ("" if not r else f" (1/{1 / r:.1f})")
+
+    spec = [
+        ("data out, share of raw pinned", lambda d, fp: rate(d, fp, "checkpoint")),
+        ("data in, share of raw pinned", lambda d, fp: rate(d, fp, "restore")),
+        ("checkpoint (as a fraction of driver only)",
+         lambda d, fp: total(d, fp, "checkpoint", "checkpoint_total_vs_driver")),
+        ("restore (as a fraction of driver only)", lambda d, fp: total(d, fp, "restore", "restore_total_vs_driver")),
+        ("GPU memory handed back: the data / everything",
+         lambda d, fp: f"{s(get(last_cycle(fp), 'vram.data_handed_back_s'))} / "
+                       f"{s(get(last_cycle(fp), 'vram.all_handed_back_s'))}"),
+        ("driver only: checkpoint / restore",
+         lambda d, fp: f"{s(get(fp, 'driver_only.checkpoint_s'))} / {s(get(fp, 'driver_only.restore_s'))}"),
+    ]
+    out = lines + ["", "Last cycle of each run; \"—\": not measured in that run."]
+    header = ["", *[label for _, label, _ in data]]
+    for g in sizes:
+        rows = [[label] + [MISSING if fp_of(d, g) is None else fn(d, fp_of(d, g)) for _, _, d in data]
+                for label, fn in spec]
+        nbytes = next((last_cycle(fp_of(d, g)).get("bytes") for _, _, d in data if fp_of(d, g)), None)
+        out += ["", f"**{g:g} GiB**" + ("" if nbytes is None else f" ({nbytes / 1e9:.1f} GB of GPU data)") + ":",
+                "", table(header, rows)]
+    return "\n".join(out)
+
+
+def ab_raw(d: dict) -> dict:
+    """The faster of the raw pinned rates measured before and after an A/B run."""
+    return {k: max([v for v in (get(d, f"raw_pinned_before.{k}"), get(d, f"raw_pinned_after.{k}")) if v]
+                   or [None], key=lambda x: x or 0) for k in ("d2h_GBps", "h2d_GBps")}
+
+
+def ab_config(env: dict) -> str:
+    """THREADS:SLOT_MIB:NT:WAIT as set."""
+    if not env:
+        return "none set: the defaults"
+    return "`" + ":".join(str(env.get(k, MISSING)) for k in KNOBS) + "`"
+
+
+def data_path_ab() -> str:
+    out = []
+    for f in AB_FILES:
+        d = load(f)
+        raw = ab_raw(d)
+        res = d.get("results") or {}
+        names = list(res)
+        rounds = sorted({len(r.get("cycles") or []) for r in res.values()})
+
+        def mm(v, fmt):
+            if not v:
+                return MISSING
+            return f"{fmt(v.get('median'))} ({fmt(v.get('min')).split(' ')[0]}–{fmt(v.get('max'))})"
+
+        def s3(v):
+            return s(v, 3)
+
+        def rate_share(r, key, raw_key):
+            m = get(r, f"summary.{key}.median")
+            return MISSING if m is None or not raw.get(raw_key) else share(m / raw[raw_key])
+
+        def threads(r):
+            v = sorted({get(c, "shim_out.copy_threads") for c in r.get("cycles") or []} - {None})
+            return ", ".join(map(str, v)) or MISSING
+
+        spec = [
+            ("`GPUCR_COPY_` THREADS:SLOT_MIB:NT:WAIT", lambda n, r: ab_config((d.get("configs") or {}).get(n) or {})),
+            ("copy threads (the shim's reply)", lambda n, r: threads(r)),
+            ("**data out**, median (min–max)", lambda n, r: mm(get(r, "summary.out_GBps"), gbps)),
+            ("&nbsp;&nbsp;median, share of raw pinned", lambda n, r: rate_share(r, "out_GBps", "d2h_GBps")),
+            ("**data in**, median (min–max)", lambda n, r: mm(get(r, "summary.in_GBps"), gbps)),
+            ("&nbsp;&nbsp;median, share of raw pinned", lambda n, r: rate_share(r, "in_GBps", "h2d_GBps")),
+            ("**checkpoint**, median (min–max)", lambda n, r: mm(get(r, "summary.checkpoint_s"), s3)),
+            ("&nbsp;&nbsp;control: driver checkpoint", lambda n, r: mm(get(r, "summary.checkpoint_control_s"), s3)),
+            ("**restore**, median (min–max)", lambda n, r: mm(get(r, "summary.restore_s"), s3)),
+            ("&nbsp;&nbsp;control: driver restore", lambda n, r: mm(get(r, "summary.restore_control_s"), s3)),
+        ]
+        rb, ra = d.get("raw_pinned_before") or {}, d.get("raw_pinned_after") or {}
+        out += [f"* `bench/results/{f}`: {d.get('device', MISSING)}, driver {d.get('driver', MISSING)}, "
+                f"{d.get('date', MISSING)}, {d.get('cpus', MISSING)} CPUs usable; "
+                f"{d.get('gib', 0):g} GiB per process, {', '.join(map(str, rounds)) or MISSING} rounds; "
+                f"raw pinned before / after: out {gbps(rb.get('d2h_GBps'))} / {gbps(ra.get('d2h_GBps'))}, "
+                f"in {gbps(rb.get('h2d_GBps'))} / {gbps(ra.get('h2d_GBps'))} (the shares are of the faster); "
+                f"the outputs of all processes identical: {yes(d.get('outputs_identical'))}.", ""]
+        out += [table(["", *[f"`{n}`" for n in names]], [[label] + [fn(n, res[n]) for n in names]
+                                                          for label, fn in spec]), ""]
+        if "previous" in res and "tuned" in res:
+            parts = []
+            for key, what, fmt in (("out_GBps", "data out", gbps), ("in_GBps", "data in", gbps),
+                                   ("checkpoint_s", "checkpoint", s3), ("restore_s", "restore", s3),
+                                   ("restore_control_s", "driver restore", s3)):
+                a, b = get(res["tuned"], f"summary.{key}"), get(res["previous"], f"summary.{key}")
+                if not a or not b:
+                    continue
+                apart = a["min"] > b["max"] or b["min"] > a["max"]
+                parts.append(f"{what} {fmt(a['median'])} against {fmt(b['median'])} "
+                             f"({'ranges apart' if apart else 'ranges overlap'})")
+            out += [f"At {d.get('gib', 0):g} GiB, `tuned` against `previous`, medians: " + "; ".join(parts) + ".",
+                    ""]
+    return "\n".join(out).rstrip()
+
+
 def data_path_targets() -> str:
     d = load("shim-vs-driver-h100.json")
     fps = [fp for fp in d.get("footprints", []) if fp.get("ratios")]
+    runs = {label: load(f) for f, label in RUNS}
+    abs_ = [load(f) for f in AB_FILES]
     out = []
 
     # 1. data at >= 80 % of raw pinned bandwidth
@@ -331,32 +558,73 @@ def data_path_targets() -> str:
             if v is not None:
                 (hit if v >= 0.8 else miss).append((fp["gib"], way, v))
     big = [v for g, _, v in miss if g >= 8]
+    ab = []
+    for a in abs_:
+        raw = ab_raw(a)
+        if not raw.get("d2h_GBps") or not raw.get("h2d_GBps"):
+            continue
+        shares = []
+        for name in ("tuned", "previous"):
+            m = get(a, f"results.{name}.summary")
+            if m:
+                shares.append(f"`{name}` out {share(m['out_GBps']['median'] / raw['d2h_GBps'])}, "
+                              f"in {share(m['in_GBps']['median'] / raw['h2d_GBps'])}")
+        n = sorted({len(get(a, f"results.{k}.cycles") or []) for k in (a.get("results") or {})})
+        if shares:
+            ab.append(f"at {a.get('gib', 0):g} GiB ({', '.join(map(str, n))} rounds) " + " against ".join(shares))
+    ins = []
+    for label, r in runs.items():
+        for fp in r.get("footprints", []):
+            v = raw_share(r, last_cycle(fp), "restore")
+            if v is not None:
+                ins.append((v, label, fp["gib"]))
+    for a in abs_:
+        raw = ab_raw(a)
+        for name, res in (a.get("results") or {}).items():
+            m = get(res, "summary.in_GBps.median")
+            if m and raw.get("h2d_GBps"):
+                ins.append((m / raw["h2d_GBps"], f"side by side, `{name}`", a.get("gib", 0)))
+    r1 = runs.get("run 1") or {}
+    r1_out = [(fp["gib"], raw_share(r1, last_cycle(fp), "checkpoint")) for fp in r1.get("footprints", [])]
     out.append(
-        "* **Data at 80 % or more of the raw pinned bandwidth**, in each direction: "
+        "* **Data at 80 % or more of the raw pinned bandwidth**, in each direction: in the main run "
         + ("reached at " + _list([f"{g:g} GiB {w} ({share(v)})" for g, w, v in hit]) if hit else "not reached")
         + (" only" if hit and miss else "") + ". "
         + ("Not reached: " + _list([f"{g:g} GiB {w} ({share(v)})" for g, w, v in miss]) + ". " if miss else "")
-        + (f"From 8 GiB up the misses are {share(min(big))} to {share(max(big))}." if big else ""))
+        + (f"From 8 GiB up the misses are {share(min(big))} to {share(max(big))}. " if big else "")
+        + ("Side by side, medians: " + "; ".join(ab) + ". " if ab else "")
+        + ("Run 1 (streaming stores both ways), data out: "
+           + ", ".join(f"{share(v)} at {g:g} GiB" for g, v in r1_out if v is not None) + ". " if r1_out else "")
+        + (f"The data in reached 80 % in none of these runs (last cycles, and the side-by-side medians); "
+           f"the highest was {share(max(ins)[0])} ({max(ins)[1]}, {max(ins)[2]:g} GiB)."
+           if ins and max(ins)[0] < 0.8 else ""))
 
     # 2. and 3. checkpoint and restore <= 1/10 of driver only, at >= 32 GiB
     large = [fp for fp in fps if fp["gib"] >= 32]
     for key, what in (("checkpoint_total_vs_driver", "Checkpoint"), ("restore_total_vs_driver", "Restore")):
         vals = [(fp["gib"], get(fp, f"ratios.{key}")) for fp in large]
         met = bool(vals) and all(v is not None and v <= 0.1 for _, v in vals)
+        others = []
+        for label in ("run 1", "run 2"):
+            ov = [(fp["gib"], get(fp, f"ratios.{key}")) for fp in (runs.get(label) or {}).get("footprints", [])
+                  if fp.get("gib", 0) >= 32 and get(fp, f"ratios.{key}") is not None]
+            if ov:
+                others.append(f"{label} " + ", ".join(f"{ratio(v)} at {g:g} GiB" for g, v in ov))
         out.append(f"* **{what} in 1/10 of the driver-only time or less, from 32 GiB up**: "
-                   f"{'met' if met else 'not met'}: "
-                   + _list([f"{ratio(v)} at {g:g} GiB" for g, v in vals]) + ".")
+                   f"{'met' if met else 'not met'} in the main run: "
+                   + _list([f"{ratio(v)} at {g:g} GiB" for g, v in vals]) + "."
+                   + (" Also: " + "; ".join(others) + "." if others else ""))
     floors, over = [], True
     for fp in large:
         fl, drv = get(fp, "ratios.physics_floor_in_s"), get(fp, "driver_only.restore_s")
-        ctl = [v for v in (get(c, "restore.control_s") for c in get(fp, "gpucr.cycles") or []) if v is not None]
+        ctl = [v for v in (get(c, "restore.control_s") for c in cycles_of(fp)) if v is not None]
         if fl is None or drv is None or not ctl:
             continue
         over = over and fl + min(ctl) > drv / 10
         floors.append(f"At {fp['gib']:g} GiB, {fl:.2f} s for the data at the raw host-to-device rate "
                       f"+ {ctl[-1]:.2f} s control = {fl + ctl[-1]:.2f} s, against 1/10 of the driver-only "
                       f"restore, {drv / 10:.2f} s"
-                      + (f" (with the faster control phase of the {len(ctl)} cycles, {min(ctl):.2f} s: "
+                      + (f" (with the fastest control phase of the {len(ctl)} cycles, {min(ctl):.2f} s: "
                          f"{fl + min(ctl):.2f} s)" if min(ctl) != ctl[-1] else ""))
     if floors:
         out.append("  The restore's floor: the driver restore (control) comes first, then the data goes back "
@@ -366,22 +634,42 @@ def data_path_targets() -> str:
                       "would take longer than 1/10 of the driver-only restore." if over else
                       "So the target is within reach of a faster data step."))
 
-    # 4. 70 GB handed back within 2 s
+    # 4. 70 GB handed back within 2 s: the GPU memory sampled through NVML every few ms
     top = max(fps, key=lambda fp: fp["gib"], default=None)
     if top is not None:
-        c, c0 = last_cycle(top), first_cycle(top)
-        tot, tot0 = get(c, "checkpoint.total_s"), get(c0, "checkpoint.total_s")
-        rel = [get(x, "checkpoint.quiesce_s") + get(x, "checkpoint.data_s") for x in (c, c0)
-               if get(x, "checkpoint.quiesce_s") is not None and get(x, "checkpoint.data_s") is not None]
-        met = tot is not None and tot <= 2.0 and (tot0 is None or tot0 <= 2.0)
-        out.append(
-            f"* **70 GB handed back within 2 s**: {'met' if met else 'not met'} as measured. At "
-            f"{top['gib']:g} GiB ({c.get('bytes', 0) / 1e9:.1f} GB of GPU data) the GPU was down to "
-            f"{mib(c.get('used_mib_after_checkpoint'))} after the whole checkpoint, {s(tot)} "
-            f"(first cycle {s(tot0)}). The shim releases the buffers' GPU memory at the end of its data step, "
-            + (f"{rel[0]:.2f} s in (first cycle {rel[1]:.2f} s)" if len(rel) == 2 else "")
-            + ", before the driver checkpoint; the benchmark did not sample the GPU memory at that point, "
-            "so that is not a measured hand-back time.")
+        cyc = cycles_of(top)
+        data_t = [get(c, "vram.data_handed_back_s") for c in cyc]
+        all_t = [get(c, "vram.all_handed_back_s") for c in cyc]
+        c = last_cycle(top)
+        if cyc and None not in data_t + all_t:
+            data_ok = sum(v <= 2.0 for v in data_t)
+            all_ok = sum(v <= 2.0 for v in all_t)
+            off = [get(x, "vram.used_mib_at_start") - x["used_mib_before"] for x in cyc
+                   if get(x, "vram.used_mib_at_start") is not None and x.get("used_mib_before") is not None]
+            verdict = ("met" if all_ok == len(cyc) else
+                       "met for the data" if data_ok == len(cyc) else "not met")
+            others = []
+            for label in ("run 1", "run 2", "previous defaults"):
+                ofp = next((fp for fp in (runs.get(label) or {}).get("footprints", [])
+                            if fp.get("gib") == top["gib"]), None)
+                if ofp:
+                    others.append(f"{label} " + ", ".join(
+                        f"{s(get(x, 'vram.data_handed_back_s'))} / {s(get(x, 'vram.all_handed_back_s'))}"
+                        for x in cycles_of(ofp)))
+            out.append(
+                f"* **70 GB handed back within 2 s**: {verdict} in the main run. At {top['gib']:g} GiB "
+                f"({c.get('bytes', 0) / 1e9:.1f} GB of GPU data), GPU memory sampled every "
+                f"{1000 * (get(c, 'vram.sample_period_s') or 0):.0f} ms through NVML from the start of the "
+                f"checkpoint: the data was handed back after {', '.join(f'{v:.2f}' for v in data_t)} s "
+                f"(its {len(cyc)} cycles: {data_ok} of {len(cyc)} within 2 s), everything (the lowest level seen, "
+                f"{mib(get(c, 'vram.lowest_mib'))} as NVML counts) after "
+                f"{', '.join(f'{v:.2f}' for v in all_t)} s ({all_ok} of {len(cyc)} within 2 s). "
+                + (f"NVML counted {min(off)}" + (f" to {max(off)}" if max(off) != min(off) else "")
+                   + f" MiB more than `nvidia-smi` before each checkpoint; `nvidia-smi` showed "
+                   f"{mib(c.get('used_mib_after_checkpoint'))} after it. " if off else "")
+                + "The data goes at the end of the shim's data step, everything else with the driver checkpoint. "
+                + (f"Data / everything in the other runs: {'; '.join(others)}. " if others else "")
+                + f"Driver only: everything after {s(get(top, 'driver_only.vram.all_handed_back_s'))}.")
 
     # 5. small footprint not worse than driver only
     small = min(fps, key=lambda fp: fp["gib"], default=None)
@@ -390,100 +678,110 @@ def data_path_targets() -> str:
         ok = True
         for key, dkey, what in (("checkpoint", "checkpoint_s", "checkpoint"), ("restore", "restore_s", "restore")):
             drv = get(small, f"driver_only.{dkey}")
-            mine = [get(x, f"{key}.total_s") for x in get(small, "gpucr.cycles") or []]
+            mine = [get(x, f"{key}.total_s") for x in cycles_of(small)]
             mine = [v for v in mine if v is not None]
             if drv is None or not mine:
                 ok = False
                 continue
             ok = ok and max(mine) <= drv
-            pairs.append(f"{what} {' and '.join(f'{v:.2f}' for v in mine)} s (its {len(mine)} cycles) "
+            pairs.append(f"{what} {', '.join(f'{v:.2f}' for v in mine)} s (its {len(mine)} cycles) "
                          f"against {drv:.2f} s")
         out.append(f"* **A small footprint ({small['gib']:g} GiB) not slower than driver only**: "
                    f"{'met' if ok and pairs else 'not met'}: " + "; ".join(pairs) + ".")
     return "\n".join(out)
 
 
-def data_path_threads() -> str:
-    files = [f"datapath-tune-h100-{n}-threads.json" for n in (8, 12, 16)]
-    data = [(f, load(f)) for f in files]
-    lines = [f"* `bench/results/{f}`: {d.get('device', MISSING)}, driver {d.get('driver', MISSING)}, "
-             f"{d.get('date', MISSING)}, {d.get('cpus', MISSING)} CPUs usable, "
-             f"`{' '.join(f'{k}={v}' for k, v in (get(d, 'options.env') or {}).items()) or 'default'}`."
-             for f, d in data]
-    fps = [(d.get("footprints") or [{}])[0] for _, d in data]
+TUNE_FILES = [("datapath-tune-h100-stage1.json", "stages"), ("datapath-tune-h100-grid.json", "grid")]
+def tune_stage(env: dict, default: dict) -> str:
+    """Which stage of scripts/datapath_tune.py a run belongs to: stage 1 keeps the
+    default threads and slot, stage 2 changes the slot only, stage 3 the threads."""
+    if env.get("GPUCR_COPY_THREADS") != default.get("GPUCR_COPY_THREADS"):
+        return "3: threads"
+    if env.get("GPUCR_COPY_SLOT_MIB") != default.get("GPUCR_COPY_SLOT_MIB"):
+        return "2: slot"
+    return "1: stores × waits"
 
-    def both(fp):
-        c = last_cycle(fp)
-        a, b = get(c, "checkpoint.total_s"), get(c, "restore.total_s")
-        return MISSING if a is None or b is None else f"{a + b:.2f} s"
 
-    def rate(fp, way):
-        c = last_cycle(fp)
-        n, t = c.get("bytes"), get(c, f"{way}.data_s")
-        return MISSING if n is None or not t else gbps(n / t / 1e9)
-
-    spec = [
-        ("footprint", lambda fp: MISSING if fp.get("gib") is None else f"{fp['gib']:g} GiB"),
-        ("staging ring", lambda fp: gib(get(fp, "gpucr.one_time.staging_bytes"))),
-        ("checkpoint, total", lambda fp: s(get(last_cycle(fp), "checkpoint.total_s"))),
-        ("&nbsp;&nbsp;data / control",
-         lambda fp: f"{s(get(last_cycle(fp), 'checkpoint.data_s'))} / {s(get(last_cycle(fp), 'checkpoint.control_s'))}"),
-        ("restore, total", lambda fp: s(get(last_cycle(fp), "restore.total_s"))),
-        ("&nbsp;&nbsp;control / data",
-         lambda fp: f"{s(get(last_cycle(fp), 'restore.control_s'))} / {s(get(last_cycle(fp), 'restore.data_s'))}"),
-        ("checkpoint + restore", both),
-        ("data rate out / in", lambda fp: f"{rate(fp, 'checkpoint')} / {rate(fp, 'restore')}"),
-        ("first cycle: checkpoint / restore",
-         lambda fp: f"{s(get(first_cycle(fp), 'checkpoint.total_s'))} / {s(get(first_cycle(fp), 'restore.total_s'))}"),
-        ("arena set-up at start", lambda fp: s(get(fp, "gpucr.one_time.arena_setup_s"))),
-    ]
-    header = [""] + [f"{threads_of(fp) if threads_of(fp) is not None else MISSING} copy threads" for fp in fps]
-    rows = [[label] + [fn(fp) for fp in fps] for label, fn in spec]
-    return "\n".join(lines + ["", table(header, rows)])
+def data_path_tune() -> str:
+    out = []
+    for f, kind in TUNE_FILES:
+        d = load(f)
+        default, best = d.get("default") or {}, d.get("best") or {}
+        runs = d.get("runs") or []
+        out += [f"* `bench/results/{f}`: {kind}, {len(runs)} runs at {d.get('gib', 0):g} GiB, one after the other; "
+                f"the file records no device, driver or date. Previous defaults `{ab_config(default).strip('`')}`, "
+                f"chosen: {ab_config(best)}.", ""]
+        rows = []
+        for r in runs:
+            env = r.get("env") or {}
+            mark = "**" if env == best else ""
+            row = [f"{mark}{ab_config(env)}{mark}",
+                   size(r.get("staging_bytes")),
+                   f"{s(r.get('checkpoint_s'), 3)} ({s(r.get('checkpoint_data_s'), 3)} / "
+                   f"{s(r.get('checkpoint_control_s'), 3)})",
+                   f"{s(r.get('restore_s'), 3)} ({s(r.get('restore_control_s'), 3)} / "
+                   f"{s(r.get('restore_data_s'), 3)})",
+                   f"{gbps(r.get('out_GBps'))} / {gbps(r.get('in_GBps'))}",
+                   f"{mark}{s(r.get('score_s'), 3)}{mark}" if "error" not in r else f"**failed**: {r['error']}"]
+            if kind == "stages":
+                row.insert(0, tune_stage(env, default))
+            rows.append(row)
+        header = ["THREADS:SLOT_MIB:NT:WAIT", "staging ring", "checkpoint (data / control)",
+                  "restore (control / data)", "data out / in", "checkpoint + restore"]
+        if kind == "stages":
+            header.insert(0, "stage")
+        out += [table(header, rows), ""]
+    return "\n".join(out).rstrip()
 
 
 def data_path_hugetlbfs() -> str:
-    shm_name, huge_name = "shim-vs-driver-h100.json", "datapath-hugetlbfs-h100-32g.json"
+    huge_name = "datapath-hugetlbfs-h100-32g.json"
     huge = load(huge_name)
     hfp = (huge.get("footprints") or [{}])[0]
-    shm = load(shm_name)
-    sfp = next((fp for fp in shm.get("footprints", []) if fp.get("gib") == hfp.get("gib")), {})
-    runs = [(shm_name, shm, sfp), (huge_name, huge, hfp)]
-    lines = [f"* `bench/results/{f}`: {d.get('device', MISSING)}, driver {d.get('driver', MISSING)}, "
-             f"{d.get('date', MISSING)}." for f, d, _ in runs]
 
-    def rate(d, fp, c, way, raw_key):
-        n, t = c.get("bytes"), get(c, f"{way}.data_s")
-        raw = get(d, f"raw_pinned.{raw_key}")
-        if n is None or not t:
-            return MISSING
-        v = n / t / 1e9
-        return gbps(v) + ("" if raw is None else f", {share(v / raw)}")
+    def same_size(name):
+        d = load(name)
+        return d, next((fp for fp in d.get("footprints", []) if fp.get("gib") == hfp.get("gib")), {})
+
+    runs = [(huge_name, huge, hfp), ("datapath-previous-defaults-h100.json", *same_size(
+        "datapath-previous-defaults-h100.json")), ("shim-vs-driver-h100.json", *same_size("shim-vs-driver-h100.json"))]
+    lines = [f"* `bench/results/{f}`: {d.get('device', MISSING)}, driver {d.get('driver', MISSING)}, "
+             f"{d.get('date', MISSING)}; {config_text(copy_config(d, [fp]))}." for f, d, fp in runs]
+
+    def rate(d, c, way):
+        v = rate_of(c, way)
+        return MISSING if v is None else gbps(v) + ("" if raw_share(d, c, way) is None
+                                                   else f", {share(raw_share(d, c, way))}")
+
+    def raw_rates(d):
+        r = d.get("raw_pinned") or {}
+        return MISSING if not r.get("d2h_GBps") else f"{gbps(r.get('d2h_GBps'))} / {gbps(r.get('h2d_GBps'))}"
 
     spec = [
         ("arena", lambda d, fp: f"`{get(fp, 'gpucr.one_time.arena_dir') or MISSING}`, "
                                 f"{'hugetlbfs' if get(fp, 'gpucr.one_time.arena_hugetlb') else 'not hugetlbfs'}, "
                                 f"{'pinned' if get(fp, 'gpucr.one_time.arena_pinned') else 'not pinned'}"),
         ("footprint", lambda d, fp: MISSING if fp.get("gib") is None else f"{fp['gib']:g} GiB"),
+        ("copy threads / staging ring", lambda d, fp: f"{threads_of(fp) or MISSING} / "
+                                                      f"{size(get(fp, 'gpucr.one_time.staging_bytes'))}"),
         ("**one-time** arena set-up at start", lambda d, fp: s(get(fp, "gpucr.one_time.arena_setup_s"))),
         ("&nbsp;&nbsp;create + pre-fault / staging ring", lambda d, fp: " / ".join(s(v) for v in setup_parts(fp))),
-        ("raw pinned rate of the run, out / in",
-         lambda d, fp: f"{gbps(get(d, 'raw_pinned.d2h_GBps'))} / {gbps(get(d, 'raw_pinned.h2d_GBps'))}"),
+        ("raw pinned rate of the run, out / in", lambda d, fp: raw_rates(d)),
     ]
     for i, label in ((-1, "last"), (0, "first")):
         spec += [
             (f"{label} cycle: checkpoint, total (data / control)",
              lambda d, fp, i=i: (lambda c: f"{s(get(c, 'checkpoint.total_s'))} ({s(get(c, 'checkpoint.data_s'))} / "
-                                           f"{s(get(c, 'checkpoint.control_s'))})")((get(fp, "gpucr.cycles") or [{}])[i])),
+                                           f"{s(get(c, 'checkpoint.control_s'))})")((cycles_of(fp) or [{}])[i])),
             (f"{label} cycle: restore, total (control / data)",
              lambda d, fp, i=i: (lambda c: f"{s(get(c, 'restore.total_s'))} ({s(get(c, 'restore.control_s'))} / "
-                                           f"{s(get(c, 'restore.data_s'))})")((get(fp, "gpucr.cycles") or [{}])[i])),
+                                           f"{s(get(c, 'restore.data_s'))})")((cycles_of(fp) or [{}])[i])),
             (f"{label} cycle: data out, share of raw pinned",
-             lambda d, fp, i=i: rate(d, fp, (get(fp, "gpucr.cycles") or [{}])[i], "checkpoint", "d2h_GBps")),
+             lambda d, fp, i=i: rate(d, (cycles_of(fp) or [{}])[i], "checkpoint")),
             (f"{label} cycle: data in, share of raw pinned",
-             lambda d, fp, i=i: rate(d, fp, (get(fp, "gpucr.cycles") or [{}])[i], "restore", "h2d_GBps")),
+             lambda d, fp, i=i: rate(d, (cycles_of(fp) or [{}])[i], "restore")),
         ]
-    header = ["", "`/dev/shm`", "hugetlbfs"]
+    header = ["", "hugetlbfs", "`/dev/shm`, previous defaults", "`/dev/shm`, main run"]
     rows = [[label] + [fn(d, fp) for _, d, fp in runs] for label, fn in spec]
     return "\n".join(lines + ["", table(header, rows)])
 
@@ -583,6 +881,43 @@ def gpu_remap_probe() -> str:
                                     "computes on, same sum", "GPU memory after, GPU 0 / GPU 1"], rows)])
 
 
+IPC_ANSWERS = [
+    ("check_imported", "the target imports memory a helper made and filled: its data is there"),
+    ("valid_after_exporter_dropped", "the helper drops its handle: the memory stays the target's"),
+    ("valid_after_exporter_exited", "the helper exits: the memory stays the target's"),
+    ("cycle_after_import_released", "the target releases it; driver lock, checkpoint, restore, unlock"),
+    ("context_works_after_cycle_1", "the target's context works after that"),
+    ("data_after_overlapped_restore", "memory filled by a second helper while the driver restored the target, "
+                                      "mapped at the target's old addresses: its data is there"),
+    ("cycle_after_second_import_released", "released again; another driver cycle"),
+    ("cycle_after_export_released", "the target's own exported memory, copied out by a helper, released by "
+                                    "both; a driver cycle"),
+    ("context_works_after_cycle_4", "the target's context works after that"),
+]
+
+
+def ipc_probe() -> str:
+    name = "ipcprobe-h100-16g.json"
+    d = load(name)
+    a = d["answers"]
+    ov, out_copy = a.get("overlap") or {}, a.get("helper_copy_out") or {}
+    head = [measured(d, name), ""]
+    rows = [[text, yes(a.get(key)) if key in a else MISSING] for key, text in IPC_ANSWERS]
+    gb = d["gib"] * 2**30 / 1e9
+    figs = [
+        ["a helper copies the target's exported memory out, into its own pinned memory",
+         f"{s(out_copy.get('s'), 3)} ({gbps(out_copy.get('GBps'))})"],
+        ["driver restore + unlock, with a helper filling new memory beside it",
+         s(ov.get("driver_restore_unlock_s"), 3)],
+        ["the helper: memory created + filled from its pinned memory",
+         f"{s((ov.get('create_s') or 0) + (ov.get('fill_s') or 0), 3)} ({gbps(ov.get('fill_GBps'))})"],
+        ["the target maps it at its old addresses", s(ov.get("import_map_s"), 4)],
+        [f"**restored with its {gb:.1f} GB of data**, both at once", f"**{s(ov.get('restored_with_data_s'), 3)}**"],
+        ["the same steps one after the other", s(ov.get("one_after_the_other_s"), 3)],
+    ]
+    return "\n".join(head + [table(["step", "worked"], rows), "", table(["", "seconds"], figs)])
+
+
 def steady_state() -> str:
     out = []
     for name in ("steady-state-h100.json", "steady-state-h100-launch-bound.json"):
@@ -646,8 +981,11 @@ BLOCKS = {
     "gpu-remap-probe": gpu_remap_probe,
     "data-path": data_path,
     "data-path-targets": data_path_targets,
-    "data-path-threads": data_path_threads,
+    "data-path-runs": data_path_runs,
+    "data-path-ab": data_path_ab,
+    "data-path-tune": data_path_tune,
     "data-path-hugetlbfs": data_path_hugetlbfs,
+    "ipc-probe": ipc_probe,
     "steady-state": steady_state,
     "image-store": image_store,
 }
