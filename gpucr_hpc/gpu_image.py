@@ -290,6 +290,42 @@ def _fill(fd: int, pid: int, buf: np.ndarray, start: int, n: int, payload) -> li
     return parts
 
 
+def _by_blocks(size: int, block_bytes: int, workers: int, chunk) -> tuple[int, list[str]]:
+    """Every `block_bytes` block of a `size`-byte file, `workers` threads each taking
+    whole blocks in file order: chunk(buf, start, n) is called for each COPY_CHUNK
+    piece [start, start + n) of the block and returns the payload bytes it moved,
+    with buf[:n] then holding the file's bytes there, which are hashed. Returns the
+    bytes moved and the sha256 of each block; the first error stops all and is raised."""
+    digests: list[str] = [""] * ((size + block_bytes - 1) // block_bytes)
+    blocks = iter(range(len(digests)))
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def worker() -> int:
+        buf = np.empty(min(COPY_CHUNK, block_bytes), dtype=np.uint8)
+        done = 0
+        while not failed.is_set():
+            with lock:
+                i = next(blocks, None)
+            if i is None:
+                break
+            h = hashlib.sha256()
+            try:
+                for start in range(i * block_bytes, min(size, (i + 1) * block_bytes), buf.size):
+                    n = min(buf.size, size - start, (i + 1) * block_bytes - start)
+                    done += chunk(buf, start, n)
+                    h.update(memoryview(buf)[:n])
+            except BaseException:
+                failed.set()
+                raise
+            digests[i] = h.hexdigest()
+        return done
+
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        futures = [ex.submit(worker) for _ in range(workers)]
+        return sum(f.result() for f in futures), digests
+
+
 def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None = None,
                  block_bytes: int = 64 << 20) -> dict:
     """Write the blobs of process `pid`'s arena to a new HDF5 file, fsync'd, with the
@@ -307,38 +343,15 @@ def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None 
     fd = os.open(path, os.O_RDWR)
     try:
         size = os.fstat(fd).st_size
-        digests: list[str | None] = [None] * ((size + block_bytes - 1) // block_bytes)
-        blocks = iter(range(len(digests)))
-        lock = threading.Lock()
-        failed = threading.Event()
 
-        def worker() -> int:
-            buf = np.empty(min(COPY_CHUNK, block_bytes), dtype=np.uint8)
-            done = 0
-            while not failed.is_set():
-                with lock:
-                    i = next(blocks, None)
-                if i is None:
-                    break
-                h = hashlib.sha256()
-                try:
-                    for start in range(i * block_bytes, min(size, (i + 1) * block_bytes), buf.size):
-                        n = min(buf.size, size - start, (i + 1) * block_bytes - start)
-                        parts = _fill(fd, pid, buf, start, n, payload)
-                        h.update(memoryview(buf)[:n])
-                        for off, k in parts:
-                            _pwrite_all(fd, buf[off:], start + off, k)
-                            done += k
-                        writeback.start(fd, start, n)
-                except BaseException:
-                    failed.set()
-                    raise
-                digests[i] = h.hexdigest()
-            return done
+        def chunk(buf, start: int, n: int) -> int:
+            parts = _fill(fd, pid, buf, start, n, payload)
+            for off, k in parts:
+                _pwrite_all(fd, buf[off:], start + off, k)
+            writeback.start(fd, start, n)
+            return sum(k for _, k in parts)
 
-        with ThreadPoolExecutor(max_workers=COPY_WORKERS) as ex:
-            futures = [ex.submit(worker) for _ in range(COPY_WORKERS)]
-            total = sum(f.result() for f in futures)
+        total, digests = _by_blocks(size, block_bytes, COPY_WORKERS, chunk)
         t2 = time.monotonic()
         os.fsync(fd)
         if os.fstat(fd).st_size != size:
@@ -387,46 +400,29 @@ def load_process(path: Path, pid: int, blobs: list[Blob], *, block_digests: list
 
 
 def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block_bytes: int) -> int:
-    """load_process with each block of the file hashed as it is read: workers take
-    whole blocks (the file's every byte, metadata included), write the payload
-    parts into the process, and compare the block's sha256 with its digest."""
+    """load_process with each block of the file hashed as it is read: the file's
+    every byte (metadata included) is read, the payload parts go into the process,
+    and each block's sha256 must be its digest."""
     size = os.fstat(fd).st_size
     if len(digests) != (size + block_bytes - 1) // block_bytes:
         raise ValueError(f"{path} has {size} bytes, its checksums are for another size (truncated or corrupt)")
     payload = sorted((off, size_, host) for off, host, size_ in jobs)
     starts = [p[0] for p in payload]
-    blocks = iter(range(len(digests)))
-    lock = threading.Lock()
-    failed = threading.Event()
 
-    def worker() -> int:
-        buf = np.empty(min(COPY_CHUNK, block_bytes), dtype=np.uint8)
-        done = 0
-        while not failed.is_set():
-            with lock:
-                i = next(blocks, None)
-            if i is None:
+    def chunk(buf, start: int, n: int) -> int:
+        _pread_all(fd, buf, start, n)
+        moved = 0
+        for off, k, host in payload[max(0, bisect.bisect_right(starts, start) - 1):]:
+            if off >= start + n:
                 break
-            h = hashlib.sha256()
-            try:
-                for start in range(i * block_bytes, min(size, (i + 1) * block_bytes), buf.size):
-                    n = min(buf.size, size - start, (i + 1) * block_bytes - start)
-                    _pread_all(fd, buf, start, n)
-                    h.update(memoryview(buf)[:n])
-                    for off, k, host in payload[max(0, bisect.bisect_right(starts, start) - 1):]:
-                        if off >= start + n:
-                            break
-                        lo, hi = max(off, start), min(off + k, start + n)
-                        if lo < hi:
-                            _vm_copy(pid, buf[lo - start:], host + lo - off, hi - lo, write=True)
-                            done += hi - lo
-                if h.hexdigest() != digests[i]:
-                    raise ValueError(f"checksum mismatch in {path.name}, block {i} (corrupt image)")
-            except BaseException:
-                failed.set()
-                raise
-        return done
+            lo, hi = max(off, start), min(off + k, start + n)
+            if lo < hi:
+                _vm_copy(pid, buf[lo - start:], host + lo - off, hi - lo, write=True)
+                moved += hi - lo
+        return moved
 
-    with ThreadPoolExecutor(max_workers=LOAD_WORKERS) as ex:
-        futures = [ex.submit(worker) for _ in range(LOAD_WORKERS)]
-        return sum(f.result() for f in futures)
+    total, got = _by_blocks(size, block_bytes, LOAD_WORKERS, chunk)
+    bad = next((i for i, (g, w) in enumerate(zip(got, digests)) if g != w), None)
+    if bad is not None:
+        raise ValueError(f"checksum mismatch in {path.name}, block {bad} (corrupt image)")
+    return total

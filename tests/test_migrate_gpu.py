@@ -39,15 +39,28 @@ print("same" if ok else "different", flush=True)
 """
 
 
+def _holder():
+    """A process holding two buffers (HOLDER) and the blobs that describe them."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    ha, na, hb, nb = map(int, child.stdout.readline().split())
+    return child, [gpu_image.Blob(handle=0x20, va=0x7F0000000000, size=na, device=0, host=ha),
+                   gpu_image.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
+
+
+def _step(child, says: str) -> None:
+    """The holder's next step (zero its buffers, compare them), and what it says."""
+    child.stdin.write("\n")
+    child.stdin.flush()
+    assert child.stdout.readline().strip() == says
+
+
 def test_arena_to_h5_and_back_through_process_memory(tmp_path):
     """save_process reads a live process's memory into one dataset per blob; load_process
     writes it back at the same addresses after the process lost it."""
-    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child, blobs = _holder()
     try:
-        ha, na, hb, nb = map(int, child.stdout.readline().split())
-        blobs = [gpu_image.Blob(handle=0x20, va=0x7F0000000000, size=na, device=0, host=ha),
-                 gpu_image.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
+        na, nb, hb = blobs[0].size, blobs[1].size, blobs[1].host
         p = tmp_path / "process-1.h5"
         rep = gpu_image.save_process(p, child.pid, blobs, attrs={"vendor": "nvidia"},
                                      block_bytes=image_store.HASH_BLOCK)
@@ -68,15 +81,11 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
         assert gpu_image.list_buffers(p) == sorted([(0, nb, 0), (0x7F0000000000, na, 0)])
         back = {b.va: b.data for b in gpu_image.read(p)}
         assert np.array_equal(back[0x7F0000000000], np.arange(3_000_000, dtype=np.uint32).view(np.uint8))
-        child.stdin.write("\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "zeroed"
+        _step(child, "zeroed")
         with pytest.raises(ValueError, match="not in"):
             gpu_image.load_process(p, child.pid, blobs[:1] + [gpu_image.Blob(0x99, 0, nb, 0, hb)])
         assert gpu_image.load_process(p, child.pid, blobs)["bytes"] == na + nb
-        child.stdin.write("\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "same"
+        _step(child, "same")
     finally:
         child.kill()
         child.wait()
@@ -86,17 +95,12 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
 def test_load_checks_each_block_as_it_reads(tmp_path, block):
     """load_process with the file's block digests: the data arrives whole in one read,
     checked; a flipped byte, or digests of another size, are refused with the cause."""
-    child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
+    child, blobs = _holder()
     try:
-        ha, na, hb, nb = map(int, child.stdout.readline().split())
-        blobs = [gpu_image.Blob(handle=0x20, va=0x7F0000000000, size=na, device=0, host=ha),
-                 gpu_image.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
+        na, nb = blobs[0].size, blobs[1].size
         p = tmp_path / "process-1.h5"
         digests = gpu_image.save_process(p, child.pid, blobs, block_bytes=block)["checksum"]
-        child.stdin.write("\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "zeroed"
+        _step(child, "zeroed")
         with pytest.raises(ValueError, match="another size"):
             gpu_image.load_process(p, child.pid, blobs, block_digests=digests[:-1], block_bytes=block)
         bad = bytearray(p.read_bytes())
@@ -107,9 +111,7 @@ def test_load_checks_each_block_as_it_reads(tmp_path, block):
             gpu_image.load_process(corrupt, child.pid, blobs, block_digests=digests, block_bytes=block)
         rep = gpu_image.load_process(p, child.pid, blobs, block_digests=digests, block_bytes=block)
         assert rep["bytes"] == na + nb and rep["checked"]
-        child.stdin.write("\n")
-        child.stdin.flush()
-        assert child.stdout.readline().strip() == "same"
+        _step(child, "same")
     finally:
         child.kill()
         child.wait()
