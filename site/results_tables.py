@@ -967,7 +967,10 @@ def image_store() -> str:
          "image_copy_write/fs_write"),
         ("`image_verify_read`", "every file of an image re-read and checked", "image_verify_read",
          "image_verify_read/fs_read"),
-        ("`image_h5_read`", "the .h5 read back into the process's arena", "image_h5_read", "image_h5_read/fs_read"),
+        ("`image_h5_read`", "the .h5 read back into the process's arena, unchecked (a job restore's, after "
+         "`image_verify_read`)", "image_h5_read", "image_h5_read/fs_read"),
+        ("`image_h5_read_checked`", "the same, each block checked as it is read (`restore --from`'s one read)",
+         "image_h5_read_checked", "image_h5_read_checked/fs_read"),
     ]
     rows = [[k, what, mbps(m.get(key)), MISSING if ratio is None or r.get(ratio) is None
              else f"{r[ratio]:.2f} of `{ratio.split('/')[1]}`"] for k, what, key, ratio in spec]
