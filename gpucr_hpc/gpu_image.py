@@ -218,36 +218,47 @@ def _vm_copy(pid: int, local: np.ndarray, remote: int, n: int, write: bool) -> N
         done += got
 
 
-def _copy(jobs, read_into, write_from, workers: int = COPY_WORKERS) -> int:
-    """Copy (src_off, dst_off, size) jobs in COPY_CHUNK pieces, `workers` threads each
-    reading a piece into its own buffer and writing it out (ctypes, os.pread/pwrite
-    release the GIL); the first error stops all and is raised."""
-    pieces = iter([(src + off, dst + off, min(COPY_CHUNK, size - off))
-                   for src, dst, size in jobs for off in range(0, size, COPY_CHUNK)])
+def _in_threads(items, workers: int, buf_bytes: int, one) -> int:
+    """one(buf, item) for each item, `workers` threads taking the items in order, each
+    with its own buffer of buf_bytes (ctypes, os.pread/pwrite and hashlib release the
+    GIL); returns the sum of what `one` returned. The first error stops all and is raised."""
+    items = iter(items)
     lock = threading.Lock()
     failed = threading.Event()
 
     def worker() -> int:
-        buf = np.empty(COPY_CHUNK, dtype=np.uint8)
+        buf = np.empty(buf_bytes, dtype=np.uint8)
         done = 0
         while not failed.is_set():
             with lock:
-                piece = next(pieces, None)
-            if piece is None:
+                item = next(items, None)
+            if item is None:
                 break
-            src, dst, n = piece
             try:
-                read_into(buf, src, n)
-                write_from(buf, dst, n)
+                done += one(buf, item)
             except BaseException:
                 failed.set()
                 raise
-            done += n
         return done
 
     with ThreadPoolExecutor(max_workers=workers) as ex:
         futures = [ex.submit(worker) for _ in range(workers)]
         return sum(f.result() for f in futures)
+
+
+def _copy(jobs, read_into, write_from, workers: int = COPY_WORKERS) -> int:
+    """Copy (src_off, dst_off, size) jobs in COPY_CHUNK pieces, each read into a
+    worker's buffer and written out from it."""
+    pieces = [(src + off, dst + off, min(COPY_CHUNK, size - off))
+              for src, dst, size in jobs for off in range(0, size, COPY_CHUNK)]
+
+    def one(buf, piece) -> int:
+        src, dst, n = piece
+        read_into(buf, src, n)
+        write_from(buf, dst, n)
+        return n
+
+    return _in_threads(pieces, workers, COPY_CHUNK, one)
 
 
 def _pread_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
@@ -271,18 +282,27 @@ def _payload(blobs: list[Blob], offsets: list[int | None]) -> list[tuple[int, in
     return sorted((off, b.size, b.host) for b, off in zip(blobs, offsets) if b.size)
 
 
+def _overlaps(payload, start: int, end: int):
+    """(lo, hi, address of lo in the process) of each payload piece inside the file
+    range [start, end), in file order; payload as _payload makes it (sorted, disjoint)."""
+    first = max(0, bisect.bisect_right(payload, start, key=lambda p: p[0]) - 1)
+    for off, size, host in payload[first:]:
+        if off >= end:
+            break
+        lo, hi = max(off, start), min(off + size, end)
+        if lo < hi:
+            yield lo, hi, host + lo - off
+
+
 def _fill(fd: int, pid: int, buf: np.ndarray, start: int, n: int, payload) -> list[tuple[int, int]]:
     """buf[:n] = bytes [start, start + n) of the file as it will be: the blobs' bytes from
     the process, the rest (HDF5 metadata, alignment gaps) from the file. Returns the
     (buffer offset, size) pieces that came from the process: those still to be written."""
     pos, end, parts = start, start + n, []
-    for off, size, host in payload:
-        lo, hi = max(off, start), min(off + size, end)
-        if lo >= hi:
-            continue
+    for lo, hi, addr in _overlaps(payload, start, end):
         if lo > pos:
             _pread_all(fd, buf[pos - start:], pos, lo - pos)
-        _vm_copy(pid, buf[lo - start:], host + lo - off, hi - lo, write=False)
+        _vm_copy(pid, buf[lo - start:], addr, hi - lo, write=False)
         parts.append((lo - start, hi - lo))
         pos = hi
     if pos < end:
@@ -297,33 +317,18 @@ def _by_blocks(size: int, block_bytes: int, workers: int, chunk) -> tuple[int, l
     with buf[:n] then holding the file's bytes there, which are hashed. Returns the
     bytes moved and the sha256 of each block; the first error stops all and is raised."""
     digests: list[str] = [""] * ((size + block_bytes - 1) // block_bytes)
-    blocks = iter(range(len(digests)))
-    lock = threading.Lock()
-    failed = threading.Event()
 
-    def worker() -> int:
-        buf = np.empty(min(COPY_CHUNK, block_bytes), dtype=np.uint8)
+    def one(buf, i: int) -> int:
+        h = hashlib.sha256()
         done = 0
-        while not failed.is_set():
-            with lock:
-                i = next(blocks, None)
-            if i is None:
-                break
-            h = hashlib.sha256()
-            try:
-                for start in range(i * block_bytes, min(size, (i + 1) * block_bytes), buf.size):
-                    n = min(buf.size, size - start, (i + 1) * block_bytes - start)
-                    done += chunk(buf, start, n)
-                    h.update(memoryview(buf)[:n])
-            except BaseException:
-                failed.set()
-                raise
-            digests[i] = h.hexdigest()
+        for start in range(i * block_bytes, min(size, (i + 1) * block_bytes), buf.size):
+            n = min(buf.size, size - start, (i + 1) * block_bytes - start)
+            done += chunk(buf, start, n)
+            h.update(memoryview(buf)[:n])
+        digests[i] = h.hexdigest()
         return done
 
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        futures = [ex.submit(worker) for _ in range(workers)]
-        return sum(f.result() for f in futures), digests
+    return _in_threads(range(len(digests)), workers, min(COPY_CHUNK, block_bytes), one), digests
 
 
 def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None = None,
@@ -406,19 +411,14 @@ def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block
     size = os.fstat(fd).st_size
     if len(digests) != (size + block_bytes - 1) // block_bytes:
         raise ValueError(f"{path} has {size} bytes, its checksums are for another size (truncated or corrupt)")
-    payload = sorted((off, size_, host) for off, host, size_ in jobs)
-    starts = [p[0] for p in payload]
+    payload = sorted((off, size_, host) for off, host, size_ in jobs)  # as _payload makes it
 
     def chunk(buf, start: int, n: int) -> int:
         _pread_all(fd, buf, start, n)
         moved = 0
-        for off, k, host in payload[max(0, bisect.bisect_right(starts, start) - 1):]:
-            if off >= start + n:
-                break
-            lo, hi = max(off, start), min(off + k, start + n)
-            if lo < hi:
-                _vm_copy(pid, buf[lo - start:], host + lo - off, hi - lo, write=True)
-                moved += hi - lo
+        for lo, hi, addr in _overlaps(payload, start, start + n):
+            _vm_copy(pid, buf[lo - start:], addr, hi - lo, write=True)
+            moved += hi - lo
         return moved
 
     total, got = _by_blocks(size, block_bytes, LOAD_WORKERS, chunk)

@@ -199,12 +199,12 @@ class GpuCheckpoint:
 def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None) -> dict:
     """arena_attach in process `pid`, then its .h5 into the arena; with the
     manifest `m`, each block checked against its sha256 as it is read."""
-    digests, block = image_store.block_checksums(m, rec["h5"]) if m else (None, 0)
+    digests, block = image_store.block_checksums(m, rec["h5"]) if m else (None, image_store.HASH_BLOCK)
     c = _client(pid, rec["socket"])
     r = _ok(c.request("arena_attach", timeout=600.0), pid, "re-creating the arena")
     try:
         rep = gpu_image.load_process(image_dir / rec["h5"], pid, gpu_image.blobs_from_reply(r),
-                                     block_digests=digests, block_bytes=block or image_store.HASH_BLOCK)
+                                     block_digests=digests, block_bytes=block)
     except (OSError, ValueError) as e:
         raise GpucrError(f"loading the GPU data of process {pid} from {image_dir / rec['h5']} failed: {e}",
                          "restore from an intact copy of the image")
@@ -290,9 +290,10 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     timings["control_s"] = time.monotonic() - t0
     t = time.monotonic()
     total = 0
+    checked = image_store.gpu_data_files(m) if check else frozenset()
     for r, tg in targets:
         if r["h5"]:
-            rep = _refill(r, tg.pid, image_dir, m if check and r["h5"] in image_store.gpu_data_files(m) else None)
+            rep = _refill(r, tg.pid, image_dir, m if r["h5"] in checked else None)
             total += rep["bytes"]
             timings["attach_s"] = timings.get("attach_s", 0.0) + rep["attach_s"]
     timings["h5_read_s"] = time.monotonic() - t - timings.get("attach_s", 0.0)
