@@ -30,18 +30,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_shim_vs_driver as bench  # noqa: E402
 from bench_shim_vs_driver import process_cr, ShimClient, smi  # noqa: E402
-
-KNOBS = ("GPUCR_COPY_THREADS", "GPUCR_COPY_SLOT_MIB", "GPUCR_COPY_NT", "GPUCR_COPY_WAIT")
+from datapath_tune import knob_env  # noqa: E402
 
 
 def parse_config(spec: str) -> tuple[str, dict]:
     name, _, vals = spec.partition("=")
-    if not vals:
-        return name, {}
-    parts = vals.split(":")
-    if len(parts) != len(KNOBS):
-        raise SystemExit(f"--config {spec}: want NAME=THREADS:SLOT_MIB:NT:WAIT")
-    return name, dict(zip(KNOBS, parts))
+    return name, knob_env(vals) if vals else {}
 
 
 def one_cycle(pid: int, run_dir: Path) -> dict:

@@ -2,8 +2,8 @@
 """Tunes the shim's bounce data path on a GPU machine (issue 4), in stages,
 each measured with scripts/bench_shim_vs_driver.py (gpucr only, one footprint):
 
-  1. stores x waits at the default slot: GPUCR_COPY_NT (0, out, both) x
-     GPUCR_COPY_WAIT (spin, block);
+  1. stores x waits from the previous defaults (16 threads, 32 MiB slots):
+     GPUCR_COPY_NT (0, out, both) x GPUCR_COPY_WAIT (spin, block);
   2. the best of stage 1 with other slot sizes (GPUCR_COPY_SLOT_MIB);
   3. the best so far with other copy thread counts (GPUCR_COPY_THREADS).
 
@@ -27,7 +27,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT = {"GPUCR_COPY_THREADS": "16", "GPUCR_COPY_SLOT_MIB": "32", "GPUCR_COPY_NT": "0", "GPUCR_COPY_WAIT": "spin"}
+KNOBS = ("GPUCR_COPY_THREADS", "GPUCR_COPY_SLOT_MIB", "GPUCR_COPY_NT", "GPUCR_COPY_WAIT")
+# where stage 1 starts: the shim's defaults before this tune (16 threads, 32 MiB slots)
+STAGE1_BASE = dict(zip(KNOBS, ("16", "32", "0", "spin")))
+
+
+def knob_env(spec: str) -> dict:
+    """THREADS:SLOT_MIB:NT:WAIT as the GPUCR_COPY_ variables (also datapath_ab.py's --config)."""
+    parts = spec.split(":")
+    if len(parts) != len(KNOBS):
+        raise SystemExit(f"{spec}: want THREADS:SLOT_MIB:NT:WAIT, e.g. 15:8:out:block")
+    return dict(zip(KNOBS, parts))
 
 
 def measure(env_over: dict, gib: float, out: Path, log) -> dict:
@@ -86,12 +96,11 @@ def main() -> int:
 
     if args.grid:
         for spec in args.grid.split():
-            th, slot, nt, wait = spec.split(":")
-            run({"GPUCR_COPY_THREADS": th, "GPUCR_COPY_SLOT_MIB": slot, "GPUCR_COPY_NT": nt, "GPUCR_COPY_WAIT": wait})
+            run(knob_env(spec))
     else:
         for nt in ("0", "out", "both"):
             for wait in ("spin", "block"):
-                run({**DEFAULT, "GPUCR_COPY_NT": nt, "GPUCR_COPY_WAIT": wait})
+                run({**STAGE1_BASE, "GPUCR_COPY_NT": nt, "GPUCR_COPY_WAIT": wait})
         for slot in args.slots.split():
             b = best()
             if b:
@@ -101,7 +110,7 @@ def main() -> int:
             if b:
                 run({**b["env"], "GPUCR_COPY_THREADS": th})
     b = best()
-    (out / "tune.json").write_text(json.dumps({"gib": args.gib, "default": DEFAULT, "runs": runs,
+    (out / "tune.json").write_text(json.dumps({"gib": args.gib, "default": STAGE1_BASE, "runs": runs,
                                                "best": b["env"] if b else None}, indent=1))
     if not b:
         print("tune: no run succeeded", file=sys.stderr)

@@ -217,6 +217,13 @@ def scenario_leave_running(ctx: Ctx, again: bool) -> dict:
     return res
 
 
+def faster_fs(res: dict, key: str) -> float:
+    """The file system's faster rate, before or after the scenario (a shared disk
+    drifts by tens of percent within minutes): what the image's rate is held
+    against, so that the ratio never flatters; 0 when not measured."""
+    return max([res[k]["MBps"] for k in (key, key + "_after") if res.get(k)] or [0])
+
+
 def checks(res: dict) -> dict:
     ck = {"reference_ok": "error" not in res["reference"]}
     k = res.get("kill")
@@ -228,10 +235,7 @@ def checks(res: dict) -> dict:
         ck["kill_h5_holds_gpu_data"] = (img.get("h5_payload_bytes") or 0) >= res["args"]["ballast_gib"] * 2**30
         ck["kill_restored_bit_identical"] = bool((k.get("restore") or {}).get("output_identical"))
         ck["kill_image_unchanged_by_restore"] = bool((k.get("restore") or {}).get("image_unchanged"))
-    # against the file system's faster measurement, before or after the scenario
-    # (a shared disk drifts by tens of percent within minutes): never flattering
-    fs_w = max([res[k]["MBps"] for k in ("fs_write", "fs_write_after") if res.get(k)] or [0])
-    fs_r = max([res[k]["MBps"] for k in ("fs_read", "fs_read_after") if res.get(k)] or [0])
+    fs_w, fs_r = faster_fs(res, "fs_write"), faster_fs(res, "fs_read")
     if k is not None and "checkpoint" in k and fs_w:
         res["h5_write_vs_fs_write"] = round(k["checkpoint"]["timings"].get("gpu_h5_MBps", 0) / fs_w, 3)
     read = ((k or {}).get("restore") or {}).get("timings", {}).get("gpu_h5_read_MBps")
