@@ -2,14 +2,16 @@
 
 Write: 16 MiB writes, each handed to the disk at once (sync_file_range, as the
 image writer does), fsync at the end. Read: the page cache dropped first
-(posix_fadvise DONTNEED after fsync), then 16 MiB reads. Each by one stream,
-and by 4 streams over the file's 4 quarters: the image store writes and reads
-with several threads, and some disks (virtio) are faster so. The reference is
-the faster of the two, so that a ratio against it never flatters the image store.
+(posix_fadvise DONTNEED after fsync), then 16 MiB reads, through the page cache
+and with O_DIRECT (as the checked restore reads). Each by one stream, and by 4
+streams over the file's 4 quarters: the image store writes and reads with
+several threads, and some disks (virtio) are faster so. The reference is the
+fastest of these, so that a ratio against it never flatters the image store.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import time
@@ -66,16 +68,19 @@ def write_seconds(path: Path, size: int, block: bytes | None = None, streams: in
     return time.perf_counter() - t
 
 
-def read_seconds(path: Path, streams: int = 1) -> float:
-    """Read the whole file from the disk (its page cache dropped first); seconds taken."""
+def read_seconds(path: Path, streams: int = 1, direct: bool = False) -> float:
+    """Read the whole file from the disk (its page cache dropped first), through the
+    page cache or with O_DIRECT (whole 16 MiB reads, the last one rounded up to a
+    page); seconds taken."""
     drop_cache(path)
     t = time.perf_counter()
-    fd = os.open(path, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
     try:
         def part(lo: int, hi: int) -> None:
-            buf = bytearray(BLOCK)
+            buf = mmap.mmap(-1, BLOCK)  # page-aligned
             while lo < hi:
-                n = os.preadv(fd, [memoryview(buf)[: min(BLOCK, hi - lo)]], lo)
+                want = min(BLOCK, -(-(hi - lo) // 4096) * 4096) if direct else min(BLOCK, hi - lo)
+                n = os.preadv(fd, [memoryview(buf)[:want]], lo)
                 if n <= 0:
                     raise OSError(f"{path}: short read at offset {lo}")
                 lo += n
@@ -86,9 +91,19 @@ def read_seconds(path: Path, streams: int = 1) -> float:
     return time.perf_counter() - t
 
 
+def direct_ok(path: Path) -> bool:
+    """Whether path's file system takes O_DIRECT reads."""
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+
+
 def rates(root: Path, size: int, repeat: int = 1) -> dict:
     """Write then read `size` bytes in a scratch file under root, by 1 and by 4
-    streams, best of `repeat` each: MB/s of each, and the faster as the reference."""
+    streams (reads also with O_DIRECT where the file system allows it), best of
+    `repeat` each: MB/s of each, and the fastest as the reference."""
     path = Path(root) / "fs-rates.tmp"
     out: dict = {"bytes": size}
     try:
@@ -97,8 +112,11 @@ def rates(root: Path, size: int, repeat: int = 1) -> dict:
             r = min(read_seconds(path, streams=k) for _ in range(repeat))
             out[f"write_{k}_MBps"] = round(size / w / 1e6, 1)
             out[f"read_{k}_MBps"] = round(size / r / 1e6, 1)
+            if direct_ok(path):
+                r = min(read_seconds(path, streams=k, direct=True) for _ in range(repeat))
+                out[f"read_direct_{k}_MBps"] = round(size / r / 1e6, 1)
     finally:
         path.unlink(missing_ok=True)
     out["write_MBps"] = max(out[f"write_{k}_MBps"] for k in STREAMS)
-    out["read_MBps"] = max(out[f"read_{k}_MBps"] for k in STREAMS)
+    out["read_MBps"] = max(v for k, v in out.items() if k.startswith("read_") and k.endswith("_MBps"))
     return out

@@ -91,10 +91,14 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
         child.wait()
 
 
-@pytest.mark.parametrize("block", [image_store.HASH_BLOCK, (1 << 20) + 4097])
-def test_load_checks_each_block_as_it_reads(tmp_path, block):
+@pytest.mark.parametrize("block,direct", [(image_store.HASH_BLOCK, True), (image_store.HASH_BLOCK, False),
+                                          ((1 << 20) + 4097, True)])
+def test_load_checks_each_block_as_it_reads(tmp_path, monkeypatch, block, direct):
     """load_process with the file's block digests: the data arrives whole in one read,
-    checked; a flipped byte, or digests of another size, are refused with the cause."""
+    checked; a flipped byte, or digests of another size, are refused with the cause.
+    Read with O_DIRECT where blocks are page-aligned (the file's last piece is not a
+    whole page: the read rounds up and stops at the end), else through the page cache."""
+    monkeypatch.setattr(gpu_image, "LOAD_DIRECT", direct)
     child, blobs = _holder()
     try:
         na, nb = blobs[0].size, blobs[1].size
@@ -111,6 +115,11 @@ def test_load_checks_each_block_as_it_reads(tmp_path, block):
             gpu_image.load_process(corrupt, child.pid, blobs, block_digests=digests, block_bytes=block)
         rep = gpu_image.load_process(p, child.pid, blobs, block_digests=digests, block_bytes=block)
         assert rep["bytes"] == na + nb and rep["checked"]
+        assert p.stat().st_size % gpu_image.DIRECT_ALIGN  # the unaligned tail is covered
+        can_direct = gpu_image._open_direct(p)
+        if can_direct is not None:
+            os.close(can_direct)
+        assert rep["direct"] == (direct and block % gpu_image.DIRECT_ALIGN == 0 and can_direct is not None)
         _step(child, "same")
     finally:
         child.kill()

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The restore's checked read of a GPU image (.h5) against the file system's own
+read, side by side, in rotating order.
+
+    scripts/bench_image_read.py [--dir DIR] [--gib N] [--rounds R] [--out FILE.json]
+
+Writes an image of N GiB with gpu_image.save_process (this process's own memory
+stands in for the arena) and a plain file of the same size. Each round then
+reads, the page cache dropped before each: the plain file by 1 and 4 streams,
+through the page cache and with O_DIRECT (fs_rates.read_seconds), and the image
+with gpu_image.load_process and its block digests, each loader configuration
+(O_DIRECT or not, worker threads) in turn. The order rotates every round: a
+virtual disk's rate drifts from minute to minute, and measuring one thing after
+the other would compare minutes. Each load's ratio is against the fastest file
+system read of its own round. Prints and saves JSON; no thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from gpucr_hpc import gpu_image, image_store  # noqa: E402
+from fs_rates import direct_ok, drop_cache, read_seconds, write_seconds  # noqa: E402
+
+LOADERS = ("direct:8", "direct:4", "direct:16", "cached:8")
+
+
+def _loader(spec: str) -> tuple[bool, int]:
+    """'direct:8' -> (O_DIRECT, 8 workers); 'cached:8' reads through the page cache."""
+    how, _, workers = spec.partition(":")
+    if how not in ("direct", "cached") or not workers.isdigit() or int(workers) < 1:
+        raise SystemExit(f"bench_image_read: loader {spec!r} is not direct:N or cached:N")
+    return how == "direct", int(workers)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", default=os.environ.get("TMPDIR", "/var/tmp"))
+    ap.add_argument("--gib", type=float, default=8.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--loader", action="append", help=f"loader configurations (default {', '.join(LOADERS)})")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    loaders = a.loader or list(LOADERS)
+    for spec in loaders:
+        _loader(spec)
+
+    size = int(a.gib * (1 << 30)) // 4096 * 4096
+    root = Path(tempfile.mkdtemp(prefix="gpucr-read-", dir=a.dir))
+    arena = np.empty(size, dtype=np.uint8)
+    # distinct bytes per 16 MiB without holding a second copy of the whole arena
+    pattern = np.random.default_rng(1).integers(0, 256, 16 << 20, dtype=np.uint8)
+    for off in range(0, size, pattern.size):
+        n = min(pattern.size, size - off)
+        arena[off:off + n] = pattern[:n] ^ np.uint8((off >> 24) & 0xFF)
+    quarter = size // 4
+    blobs = [gpu_image.Blob(handle=i + 1, va=0x7F0000000000 + i * quarter, size=quarter, device=0,
+                            host=arena.ctypes.data + i * quarter) for i in range(4)]
+    res: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+                 "cpus": os.cpu_count(), "dir": str(a.dir), "bytes": size, "rounds": [], "loaders": loaders}
+    try:
+        image = root / "process-1.h5"
+        t = time.perf_counter()
+        rep = gpu_image.save_process(image, os.getpid(), blobs, block_bytes=image_store.HASH_BLOCK)
+        res["image_write_MBps"] = round(size / (time.perf_counter() - t) / 1e6, 1)
+        plain = root / "plain.bin"
+        res["fs_write_MBps"] = round(size / write_seconds(plain, size, streams=1) / 1e6, 1)
+        fs_kinds = [(k, d) for k in (1, 4) for d in ((False, True) if direct_ok(plain) else (False,))]
+        items = [("fs", k, d) for k, d in fs_kinds] + [("load", s, None) for s in loaders]
+        print(f"{size / 2**30:.1f} GiB in {a.dir}: image written at {res['image_write_MBps']} MB/s, "
+              f"plain file at {res['fs_write_MBps']} MB/s", flush=True)
+        for r in range(a.rounds):
+            order = items[r % len(items):] + items[:r % len(items)]
+            row: dict = {}
+            for kind, x, d in order:
+                if kind == "fs":
+                    name = f"fs_read_{'direct_' if d else ''}{x}"
+                    row[name] = round(size / read_seconds(plain, streams=x, direct=d) / 1e6, 1)
+                else:
+                    direct, workers = _loader(x)
+                    gpu_image.LOAD_DIRECT, gpu_image.LOAD_WORKERS = direct, workers
+                    drop_cache(image)
+                    t = time.perf_counter()
+                    got = gpu_image.load_process(image, os.getpid(), blobs, block_digests=rep["checksum"],
+                                                 block_bytes=image_store.HASH_BLOCK)
+                    el = time.perf_counter() - t
+                    if got["direct"] != direct:
+                        print(f"note: {x} read {'with' if got['direct'] else 'without'} O_DIRECT", flush=True)
+                    row[f"load_{x}"] = round(rep["file_size"] / el / 1e6, 1)
+            ref = max(v for k, v in row.items() if k.startswith("fs_read_"))
+            row["fs_read_best"] = ref
+            for x in loaders:
+                row[f"load_{x}_vs_fs"] = round(row[f"load_{x}"] / ref, 3)
+            res["rounds"].append(row)
+            print(f"round {r + 1}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+        res["median"] = {k: statistics.median(row[k] for row in res["rounds"]) for k in res["rounds"][0]}
+        res["min"] = {k: min(row[k] for row in res["rounds"]) for k in res["rounds"][0]}
+        print("median: " + json.dumps(res["median"]), flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out = Path(a.out or f"bench/results/image-read-{platform.node()}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"saved {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
