@@ -977,6 +977,26 @@ def image_store() -> str:
     return "\n".join(head + [table(["figure", "what", "rate", "share of the file system's"], rows)])
 
 
+IMAGE_IO_FILES = ["image-io-h100-8g.json", "image-read-h100-8g-run1.json", "image-read-h100-8g-run2.json"]
+
+
+def image_io() -> str:
+    """Rounds of scripts/bench_image_io.py (and of its read-only first version)."""
+    out = []
+    for name in IMAGE_IO_FILES:
+        d = load(name)
+        rounds = d.get("rounds") or []
+        out += [f"`bench/results/{name}`: {d.get('device', MISSING)}, driver {d.get('driver', MISSING)}, "
+                f"{d.get('date', MISSING)}, {gib(d.get('bytes'))}, {len(rounds)} rounds.", ""]
+        cols = [k for k in (rounds[0] if rounds else {}) if not k.endswith("_vs_fs") and not k.endswith("_best")]
+        ratios = [k for k in (rounds[0] if rounds else {}) if k.endswith("_vs_fs")]
+        header = ["round"] + [f"`{k}`" for k in cols] + [f"`{k}`" for k in ratios]
+        rows = [[str(i + 1)] + [mbps(r.get(k)) for k in cols] + [f"**{r[k]:.2f}**" for k in ratios]
+                for i, r in enumerate(rounds)]
+        out += [table(header, rows), ""]
+    return "\n".join(out).rstrip()
+
+
 BLOCKS = {
     "job-gpu-slurm": job_gpu_slurm,
     "migration": migration,
@@ -991,6 +1011,7 @@ BLOCKS = {
     "ipc-probe": ipc_probe,
     "steady-state": steady_state,
     "image-store": image_store,
+    "image-io": image_io,
 }
 
 

@@ -1,18 +1,23 @@
 #!/usr/bin/env python3
-"""The restore's checked read of a GPU image (.h5) against the file system's own
-read, side by side, in rotating order.
+"""The image store's write and checked read of a GPU image (.h5) against the file
+system's own write and read, side by side, in rotating order.
 
-    scripts/bench_image_read.py [--dir DIR] [--gib N] [--rounds R] [--out FILE.json]
+    scripts/bench_image_io.py [--dir DIR] [--gib N] [--rounds R] [--loader how:N ...] [--out FILE.json]
 
-Writes an image of N GiB with gpu_image.save_process (this process's own memory
-stands in for the arena) and a plain file of the same size. Each round then
-reads, the page cache dropped before each: the plain file by 1 and 4 streams,
-through the page cache and with O_DIRECT (fs_rates.read_seconds), and the image
-with gpu_image.load_process and its block digests, each loader configuration
-(O_DIRECT or not, worker threads) in turn. The order rotates every round: a
-virtual disk's rate drifts from minute to minute, and measuring one thing after
-the other would compare minutes. Each load's ratio is against the fastest file
-system read of its own round. Prints and saves JSON; no thresholds.
+This process's own memory stands in for a checkpointed process's arena. Each
+round measures, in an order that rotates every round (a virtual disk's rate
+drifts from minute to minute, and measuring one thing after the other would
+compare minutes):
+  fs_write_K        a plain N GiB file written by K streams, fsync'd (fs_rates)
+  save              the arena written as an image with gpu_image.save_process
+                    (block sha256s, fsync), as a migration's drain writes it
+  fs_read[_direct]_K  the plain file read by K streams, page cache dropped,
+                    through the page cache or with O_DIRECT
+  load_HOW:W        the image read back with its block digests checked
+                    (gpu_image.load_process), W threads, through the page
+                    cache (cached) or with O_DIRECT (direct)
+Each image figure's ratio is against the fastest file system figure of the
+same kind in its own round. Prints JSON after every round; no thresholds.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,8 +50,18 @@ def _loader(spec: str) -> tuple[bool, int]:
     """'direct:8' -> (O_DIRECT, 8 workers); 'cached:8' reads through the page cache."""
     how, _, workers = spec.partition(":")
     if how not in ("direct", "cached") or not workers.isdigit() or int(workers) < 1:
-        raise SystemExit(f"bench_image_read: loader {spec!r} is not direct:N or cached:N")
+        raise SystemExit(f"bench_image_io: loader {spec!r} is not direct:N or cached:N")
     return how == "direct", int(workers)
+
+
+def _gpu() -> dict:
+    """The machine's GPU and driver, where nvidia-smi answers (the GPU itself is not used)."""
+    try:
+        name, driver = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                      capture_output=True, text=True, timeout=30).stdout.splitlines()[0].split(", ")
+        return {"device": name, "driver": driver}
+    except (OSError, IndexError, ValueError, subprocess.SubprocessError):
+        return {}
 
 
 def main() -> int:
@@ -60,8 +76,9 @@ def main() -> int:
     for spec in loaders:
         _loader(spec)
 
+    out = Path(a.out or f"bench/results/image-io-{platform.node()}.json")
     size = int(a.gib * (1 << 30)) // 4096 * 4096
-    root = Path(tempfile.mkdtemp(prefix="gpucr-read-", dir=a.dir))
+    root = Path(tempfile.mkdtemp(prefix="gpucr-io-", dir=a.dir))
     arena = np.empty(size, dtype=np.uint8)
     # distinct bytes per 16 MiB without holding a second copy of the whole arena
     pattern = np.random.default_rng(1).integers(0, 256, 16 << 20, dtype=np.uint8)
@@ -72,6 +89,7 @@ def main() -> int:
     blobs = [gpu_image.Blob(handle=i + 1, va=0x7F0000000000 + i * quarter, size=quarter, device=0,
                             host=arena.ctypes.data + i * quarter) for i in range(4)]
     res: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
+                 **_gpu(),
                  "cpus": os.cpu_count(), "dir": str(a.dir), "bytes": size, "rounds": [], "loaders": loaders}
     try:
         image = root / "process-1.h5"
@@ -81,14 +99,23 @@ def main() -> int:
         plain = root / "plain.bin"
         res["fs_write_MBps"] = round(size / write_seconds(plain, size, streams=1) / 1e6, 1)
         fs_kinds = [(k, d) for k in (1, 4) for d in ((False, True) if direct_ok(plain) else (False,))]
-        items = [("fs", k, d) for k, d in fs_kinds] + [("load", s, None) for s in loaders]
+        items = [("fs_write", k, None) for k in (1, 4)] + [("save", 0, None)] + \
+            [("fs", k, d) for k, d in fs_kinds] + [("load", s, None) for s in loaders]
         print(f"{size / 2**30:.1f} GiB in {a.dir}: image written at {res['image_write_MBps']} MB/s, "
               f"plain file at {res['fs_write_MBps']} MB/s", flush=True)
         for r in range(a.rounds):
             order = items[r % len(items):] + items[:r % len(items)]
             row: dict = {}
             for kind, x, d in order:
-                if kind == "fs":
+                if kind == "fs_write":
+                    row[f"fs_write_{x}"] = round(size / write_seconds(plain, size, streams=x) / 1e6, 1)
+                elif kind == "save":
+                    again = root / "again.h5"
+                    t = time.perf_counter()
+                    got = gpu_image.save_process(again, os.getpid(), blobs, block_bytes=image_store.HASH_BLOCK)
+                    row["save"] = round(got["file_size"] / (time.perf_counter() - t) / 1e6, 1)
+                    again.unlink()
+                elif kind == "fs":
                     name = f"fs_read_{'direct_' if d else ''}{x}"
                     row[name] = round(size / read_seconds(plain, streams=x, direct=d) / 1e6, 1)
                 else:
@@ -104,20 +131,25 @@ def main() -> int:
                     row[f"load_{x}"] = round(rep["file_size"] / el / 1e6, 1)
             ref = max(v for k, v in row.items() if k.startswith("fs_read_"))
             row["fs_read_best"] = ref
+            row["fs_write_best"] = max(v for k, v in row.items() if k.startswith("fs_write_"))
+            row["save_vs_fs"] = round(row["save"] / row["fs_write_best"], 3)
             for x in loaders:
                 row[f"load_{x}_vs_fs"] = round(row[f"load_{x}"] / ref, 3)
             res["rounds"].append(row)
             print(f"round {r + 1}: " + ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-        res["median"] = {k: statistics.median(row[k] for row in res["rounds"]) for k in res["rounds"][0]}
-        res["min"] = {k: min(row[k] for row in res["rounds"]) for k in res["rounds"][0]}
+            res["median"] = {k: statistics.median(row[k] for row in res["rounds"]) for k in res["rounds"][0]}
+            res["min"] = {k: min(row[k] for row in res["rounds"]) for k in res["rounds"][0]}
+            save(out, res)  # after every round: a run cut short keeps what it measured
         print("median: " + json.dumps(res["median"]), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    out = Path(a.out or f"bench/results/image-read-{platform.node()}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"saved {out}")
     return 0
+
+
+def save(out: Path, res: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
 
 
 if __name__ == "__main__":
