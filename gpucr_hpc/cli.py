@@ -25,6 +25,7 @@ cli.add_command(cmd_process.run)
 cli.add_command(cmd_process.checkpoint)  # in place; --to DIR hands over to migrate
 cli.add_command(cmd_process.restore)  # in place; --from DIR hands over to migrate
 cli.add_command(cmd_process.status)
+cli.add_command(cmd_process.copy_helper)
 
 from gpucr_hpc import cmd_job  # noqa: E402
 

@@ -217,3 +217,16 @@ def status(jobid, run_dir, as_json):
         state = r["state"] if r.get("cuda") or r["state"] != "running" else "running(cpu)"
         click.echo(f"{r['pid']:>8}  {state:<13} {_gib(gpu):>10} {_gib(r.get('arena_bytes', 0)):>10}  "
                    f"{r.get('cmd', '')[:60]}")
+
+
+@click.command("copy-helper")
+@click.option("--socket", "sock", required=True, type=click.Path(dir_okay=False),
+              help="where to listen; processes find it through GPUCR_COPY_HELPER=SOCKET")
+def copy_helper(sock):
+    """Serve GPU copies for shimmed processes (GPUCR_COPY_HELPER): their GPU data
+    moves between the GPU and their arena at the copy engines' full rate, from
+    memory pinned here once, not in the process the driver checkpoints. Runs
+    until killed; one per node and user (or one for root)."""
+    from gpucr_hpc import copy_helper as helper
+
+    helper.serve(Path(sock), ready=lambda: click.echo(f"gpucr-hpc copy-helper: serving on {sock}", err=True))

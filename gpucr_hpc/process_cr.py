@@ -124,6 +124,21 @@ def shim_checkpoint(targets, timeout_ms: int, run_dir: Path | None = None) -> li
     return todo
 
 
+def shim_prefill(targets, run_dir: Path | None = None) -> bool:
+    """Ask each checkpointed shim to have its copy helper (GPUCR_COPY_HELPER)
+    re-make and fill its GPU memory while the driver restores it; whether any
+    did. Best effort: a shim without a helper, or that cannot, says so, and its
+    restore then does the work itself."""
+    started = False
+    for t in targets:
+        if t.shim and t.shim_state == "checkpointed":
+            try:
+                started |= bool(ShimClient(t.pid, run_dir).request("prefill").get("prefill"))
+            except GpucrError:
+                pass
+    return started
+
+
 def shim_restore(targets, run_dir: Path | None = None) -> None:
     todo = [t for t in targets if t.shim and t.shim_state == "checkpointed"]
 
@@ -217,13 +232,17 @@ def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Pat
     return _summary(pid, targets, phases, t0, "checkpoint")
 
 
-def restore_tree(pid: int, run_dir: Path | None = None) -> dict:
-    """Restore PID and its descendants checkpointed in place."""
+def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) -> dict:
+    """Restore PID and its descendants checkpointed in place. prefill: where a
+    shim has a copy helper, the helper fills the GPU beside the driver restore
+    (then control_s includes that and data_s is what is left of it)."""
     t0 = time.monotonic()
     targets, driver = discover(pid, run_dir)
     if not any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed") for t in targets):
         raise GpucrError(f"process {pid} is not checkpointed", "nothing to restore")
     phases = {}
+    if driver and prefill:
+        phases["prefill"] = shim_prefill(targets, run_dir)
     if driver:
         driver_restore(driver, targets)
     phases["control_s"] = time.monotonic() - t0

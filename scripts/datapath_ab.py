@@ -11,8 +11,16 @@ rotates from round to round. Raw pinned bandwidth is measured before and after.
 All processes must end with the same output (their data came back whole).
 
     scripts/datapath_ab.py --gib 16 --rounds 6 --out ab.json \\
-        --config previous=16:32:0:spin --config tuned=15:8:out:block
+        --config previous=16:32:0:spin --config tuned=15:8:out:block \\
+        --helper-config helper --prefill-config helper_prefill
     (THREADS:SLOT_MIB:NT:WAIT; a name alone takes the shim's defaults)
+
+--helper-config NAME runs a process whose data moves through the copy helper
+(GPUCR_COPY_HELPER; the script starts `gpucr-hpc copy-helper`), restored
+without a prefill: its data phase is the helper's whole copy. --prefill-config
+NAME the same, with the prefill: the helper fills the GPU while the driver
+restores the process, so its restore total is the one to compare, not its
+data phase (most of which runs inside the control phase).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import types
@@ -38,16 +47,32 @@ def parse_config(spec: str) -> tuple[str, dict]:
     return name, knob_env(vals) if vals else {}
 
 
-def one_cycle(pid: int, run_dir: Path) -> dict:
+HELPER_SOCKET = "/tmp/gpucr-ab-copy-helper.sock"
+
+
+def start_helper() -> subprocess.Popen:
+    """`gpucr-hpc copy-helper` on HELPER_SOCKET, once it listens."""
+    Path(HELPER_SOCKET).unlink(missing_ok=True)
+    h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", HELPER_SOCKET])
+    deadline = time.monotonic() + 60
+    while not Path(HELPER_SOCKET).exists():
+        if h.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("datapath_ab: the copy helper did not start")
+        time.sleep(0.1)
+    return h
+
+
+def one_cycle(pid: int, run_dir: Path, prefill: bool = False) -> dict:
     cp = process_cr.checkpoint_tree(pid, timeout_ms=60000, run_dir=run_dir)
-    rs = process_cr.restore_tree(pid, run_dir=run_dir)
+    rs = process_cr.restore_tree(pid, run_dir=run_dir, prefill=prefill)
     gb = cp["bytes"] / 1e9
     shim_cp, shim_rs = cp["processes"][0], rs["processes"][0]
     return {"bytes": cp["bytes"], "checkpoint_s": cp["phases"]["total_s"], "restore_s": rs["phases"]["total_s"],
             "checkpoint_control_s": cp["phases"]["control_s"], "restore_control_s": rs["phases"]["control_s"],
             "out_GBps": gb / cp["phases"]["data_s"], "in_GBps": gb / rs["phases"]["data_s"],
-            "shim_out": {k: shim_cp.get(k) for k in ("copy_threads", "copy_stores", "copy_wait")},
-            "shim_in": {k: shim_rs.get(k) for k in ("copy_threads", "copy_stores", "copy_wait")}}
+            "prefill": bool(rs["phases"].get("prefill")),
+            "shim_out": {k: shim_cp.get(k) for k in ("data_path", "copy_threads", "copy_stores", "copy_wait")},
+            "shim_in": {k: shim_rs.get(k) for k in ("data_path", "copy_threads", "copy_stores", "copy_wait")}}
 
 
 def summary(cycles: list[dict], raw: dict) -> dict:
@@ -65,12 +90,20 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=float, default=16)
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--config", action="append", required=True, help="NAME=THREADS:SLOT_MIB:NT:WAIT, or NAME")
+    ap.add_argument("--config", action="append", default=[], help="NAME=THREADS:SLOT_MIB:NT:WAIT, or NAME")
+    ap.add_argument("--helper-config", action="append", default=[], help="NAME: through the copy helper")
+    ap.add_argument("--prefill-config", action="append", default=[],
+                    help="NAME: through the copy helper, prefilled beside the driver restore")
     ap.add_argument("--raw-gib", type=float, default=8.0)
     ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     configs = [parse_config(c) for c in args.config]
+    configs += [(n, {"GPUCR_COPY_HELPER": HELPER_SOCKET}) for n in args.helper_config + args.prefill_config]
+    prefill = set(args.prefill_config)
+    if not configs:
+        raise SystemExit("datapath_ab: no configuration (--config, --helper-config, --prefill-config)")
+    helper = start_helper() if args.helper_config or args.prefill_config else None
     name, driver = smi("name,driver_version")
     res = {"device": name, "driver": driver, "cpus": len(os.sched_getaffinity(0)), "gib": args.gib,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -87,15 +120,16 @@ def main() -> int:
             while not c.status().get("arena_ready") and time.monotonic() < deadline:
                 time.sleep(0.1)
             procs[n] = (p, run_dir)
+        res["first_cycles"] = {}
         for n, (p, run_dir) in procs.items():  # first cycles pay first-touch costs: not counted
-            one_cycle(p.p.pid, run_dir)
+            res["first_cycles"][n] = one_cycle(p.p.pid, run_dir, n in prefill)
         names = list(procs)
         cycles: dict[str, list] = {n: [] for n in names}
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
                 p, run_dir = procs[n]
-                c = one_cycle(p.p.pid, run_dir)
+                c = one_cycle(p.p.pid, run_dir, n in prefill)
                 c["round"] = r
                 cycles[n].append(c)
                 print(f"round {r} {n}: out {c['out_GBps']:.1f} GB/s in {c['in_GBps']:.1f} GB/s "
@@ -113,6 +147,9 @@ def main() -> int:
             if p.p.poll() is None:
                 p.p.kill()
                 p.finish(30)
+        if helper:
+            helper.kill()
+            helper.wait()
         Path(args.out).write_text(json.dumps(res, indent=1))
     for n in procs:
         s = res.get("results", {}).get(n, {}).get("summary")

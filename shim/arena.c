@@ -35,6 +35,8 @@ struct seg {
     size_t size, used;
     int registered;
     int detached; /* a placeholder holds its range (migration) */
+    int fd;       /* kept open for the copy helper (gpucr_arena_keep_fds), else -1 */
+    unsigned gen; /* a new file each time it is (re)mapped */
     char path[256];
 };
 
@@ -44,6 +46,7 @@ static char dir[200] = "/dev/shm";
 static int hugetlb;
 static size_t page = 4096;
 static unsigned seq;
+static int keep_fds; /* the copy helper maps the segments too (helper.c) */
 static double setup_s;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -157,11 +160,22 @@ static void *map_new_file(struct seg *s, size_t size, void *at)
             munmap(p, size);
         p = MAP_FAILED;
     }
-    close(fd);
+    if (p != MAP_FAILED && keep_fds) {
+        s->fd = fd;
+        s->gen = seq;
+    } else
+        close(fd);
     unlink(s->path);
     if (p == MAP_FAILED)
         errno = e == 0 ? ENOMEM : e;
     return p;
+}
+
+static void close_fd(struct seg *s)
+{
+    if (s->fd >= 0)
+        close(s->fd);
+    s->fd = -1;
 }
 
 static int add_segment(size_t size, gpucr_register_fn reg)
@@ -172,6 +186,7 @@ static int add_segment(size_t size, gpucr_register_fn reg)
     }
     double t0 = gpucr_now();
     struct seg *s = &segs[nsegs];
+    s->fd = -1;
     size = round_up(size, page > (2u << 20) ? page : (2u << 20));
     void *p = map_new_file(s, size, NULL);
     if (p == MAP_FAILED)
@@ -184,6 +199,7 @@ static int add_segment(size_t size, gpucr_register_fn reg)
     if (reg) {
         if (reg(p, size) != 0) {
             munmap(p, size);
+            close_fd(s);
             errno = EIO;
             return -1;
         }
@@ -314,6 +330,7 @@ void gpucr_arena_destroy(gpucr_register_fn unreg)
         if (segs[i].registered && unreg)
             unreg(segs[i].base, segs[i].size);
         munmap(segs[i].base, segs[i].size);
+        close_fd(&segs[i]);
     }
     nsegs = 0;
     pthread_mutex_unlock(&mu);
@@ -344,8 +361,10 @@ int gpucr_arena_detach(gpucr_register_fn unreg)
         }
         if (mmap(s->base, s->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
             rc = -1;
-        else
+        else {
             s->detached = 1;
+            close_fd(s); /* CRIU would dump the deleted file's contents */
+        }
     }
     pthread_mutex_unlock(&mu);
     return rc;
@@ -394,8 +413,45 @@ int gpucr_arena_detached(void)
 void gpucr_arena_after_fork_child(void)
 {
     pthread_mutex_init(&mu, NULL);
-    for (int i = 0; i < nsegs; i++)
+    for (int i = 0; i < nsegs; i++) {
         munmap(segs[i].base, segs[i].size);
+        close_fd(&segs[i]);
+    }
     nsegs = 0;
     setup_s = 0;
+}
+
+void gpucr_arena_keep_fds(void)
+{
+    pthread_mutex_lock(&mu);
+    keep_fds = 1;
+    pthread_mutex_unlock(&mu);
+}
+
+int gpucr_arena_locate(const void *host, int *seg, size_t *offset)
+{
+    int rc = -1;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nsegs && rc; i++)
+        if ((const char *)host >= segs[i].base && (const char *)host < segs[i].base + segs[i].size) {
+            *seg = i;
+            *offset = (size_t)((const char *)host - segs[i].base);
+            rc = 0;
+        }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen)
+{
+    int rc = -1;
+    pthread_mutex_lock(&mu);
+    if (i >= 0 && i < nsegs && segs[i].fd >= 0 && !segs[i].detached) {
+        *fd = segs[i].fd;
+        *size = segs[i].size;
+        *gen = segs[i].gen;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }

@@ -494,14 +494,15 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
         if (gpucr_arena_place(sizes, w.n, hosts, gpucr_pin_arena ? host_register : NULL) != 0)
             fail = "the host arena could not grow (out of shared memory or huge pages?)";
     }
-    for (size_t i = 0; !fail && i < w.n; i++) {
+    for (size_t i = 0; !fail && i < w.n; i++)
         w.p[i]->host = hosts[i];
-        if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
-            fail = "mapping an allocation for copying failed";
-    }
     struct gpucr_copy_stats cs = {0};
     double tc = gpucr_now();
-    if (!fail && (rc = gpucr_copy(w.p, w.n, 1, &cs)) != CUDA_SUCCESS)
+    int helped = !fail && w.n && gpucr_helper_enabled() && gpucr_helper_out(w.p, w.n, &cs) == CUDA_SUCCESS;
+    for (size_t i = 0; !fail && !helped && i < w.n; i++)
+        if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
+            fail = "mapping an allocation for copying failed";
+    if (!fail && !helped && (rc = gpucr_copy(w.p, w.n, 1, &cs)) != CUDA_SUCCESS)
         fail = "copying GPU memory to the host failed";
     if (fail) {
         for (size_t i = 0; i < w.n; i++)
@@ -548,7 +549,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_f64(out, "prepare_s", tc - t1);
     jb_f64(out, "copy_s", cs.seconds);
     jb_f64(out, "release_s", t2 - tr);
-    jb_str(out, "data_path", cs.bounce ? "bounce" : "direct");
+    jb_str(out, "data_path", helped ? "helper" : cs.bounce ? "bounce" : "direct");
     jb_bool(out, "arena_pinned", gpucr_pin_arena); /* then arena_detach needs CUDA */
     jb_i64(out, "copy_threads", cs.threads);
     jb_copy_mode(out, &cs);
@@ -584,8 +585,12 @@ void gpucr_cmd_restore(struct jbuf *out)
     const char *fail = NULL;
     gpucr_table_lock();
     gpucr_phys_foreach(collect, &w);
-    /* physical memory back, at the same addresses */
-    for (size_t i = 0; i < w.n && !fail; i++) {
+    /* physical memory back, at the same addresses: made and filled by the copy
+     * helper, or else here (then filled below) */
+    struct gpucr_copy_stats hs = {0};
+    int helped = w.n && gpucr_helper_enabled() && gpucr_use_ctx(w.p[0]->ctx) == CUDA_SUCCESS &&
+                 gpucr_helper_in(w.p, w.n, &hs) == CUDA_SUCCESS;
+    for (size_t i = 0; i < w.n && !fail && !helped; i++) {
         struct gpucr_phys *p = w.p[i];
         if (!p->dropped)
             continue;
@@ -607,13 +612,13 @@ void gpucr_cmd_restore(struct jbuf *out)
         for (size_t i = 0; i < w.n; i++)
             w.p[i]->copy_va = 0;
         gpucr_map_foreach(pick_source, NULL);
-        for (size_t i = 0; i < w.n && !fail; i++)
+        for (size_t i = 0; i < w.n && !fail && !helped; i++)
             if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
                 fail = "mapping an allocation for copying failed";
     }
-    struct gpucr_copy_stats cs = {0};
+    struct gpucr_copy_stats cs = hs;
     double tc = gpucr_now();
-    if (!fail && (rc = gpucr_copy(w.p, w.n, 0, &cs)) != CUDA_SUCCESS)
+    if (!fail && !helped && (rc = gpucr_copy(w.p, w.n, 0, &cs)) != CUDA_SUCCESS)
         fail = "copying data back to the GPU failed";
     if (fail) {
         /* Stay checkpointed: the data is still in the arena; a retry may work
@@ -653,11 +658,34 @@ void gpucr_cmd_restore(struct jbuf *out)
     /* data_s = re-create + map physical memory, then copy */
     jb_f64(out, "create_s", tc - t0);
     jb_f64(out, "copy_s", cs.seconds);
-    jb_str(out, "data_path", cs.bounce ? "bounce" : "direct");
+    jb_str(out, "data_path", helped ? "helper" : cs.bounce ? "bounce" : "direct");
     jb_i64(out, "copy_threads", cs.threads);
     jb_copy_mode(out, &cs);
     jb_f64(out, "arena_setup_s", cs.setup_s);
     jb_u64(out, "bytes", last_bytes);
+    jb_end(out);
+}
+
+void gpucr_cmd_prefill(struct jbuf *out)
+{
+    if (state != ST_CHECKPOINTED || !state_cuda)
+        return err(out, "not checkpointed: nothing to prefill");
+    if (!gpucr_helper_enabled() || gpucr_arena_detached()) {
+        jb_begin(out);
+        jb_bool(out, "ok", 1);
+        jb_bool(out, "prefill", 0);
+        jb_end(out);
+        return;
+    }
+    struct work w = {0, 0, 0};
+    gpucr_table_lock();
+    gpucr_phys_foreach(collect, &w);
+    int started = w.n && gpucr_helper_prefill(w.p, w.n) == 0;
+    gpucr_table_unlock();
+    free(w.p);
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_bool(out, "prefill", started);
     jb_end(out);
 }
 
@@ -817,6 +845,7 @@ void gpucr_checkpoint_after_fork_child(void)
     sync_busy = 0;
     arena_ready = 0;
     gpucr_datapath_after_fork_child();
+    gpucr_helper_after_fork_child();
 }
 
 void gpucr_checkpoint_at_exit(void) { gpucr_arena_destroy(NULL); }

@@ -90,6 +90,10 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
         pthread_mutex_lock(&gpucr_cmd_mu);
         gpucr_cmd_staging_drop(out);
         pthread_mutex_unlock(&gpucr_cmd_mu);
+    } else if (!strcmp(req.cmd, "prefill")) {
+        pthread_mutex_lock(&gpucr_cmd_mu);
+        gpucr_cmd_prefill(out);
+        pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "arena_attach")) {
         pthread_mutex_lock(&gpucr_cmd_mu);
         gpucr_cmd_arena_attach(out);

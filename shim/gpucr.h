@@ -131,6 +131,14 @@ int gpucr_arena_detach(gpucr_register_fn unreg); /* 0, or -1 with errno */
 int gpucr_arena_attach(gpucr_register_fn reg);   /* 0, or -1 with errno */
 int gpucr_arena_detached(void);                  /* segments detached now */
 void gpucr_arena_after_fork_child(void);
+/* The copy helper (helper.c) maps the segments too: from now on new segments
+ * keep their descriptor open (closed when detached or destroyed). */
+void gpucr_arena_keep_fds(void);
+/* Which segment holds host, and where: 0, or -1 when it is not in the arena. */
+int gpucr_arena_locate(const void *host, int *seg, size_t *offset);
+/* Segment i's descriptor (still ours), size and generation (a new file each time
+ * it is mapped): 0, or -1 when it has no open descriptor. */
+int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen);
 
 /* ---- protocol.c: JSON lines ----------------------------------------- */
 struct gpucr_req {
@@ -172,6 +180,9 @@ void gpucr_cmd_restore(struct jbuf *out);
 void gpucr_cmd_arena_detach(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_staging_drop(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_arena_attach(struct jbuf *out);
+/* Ahead of the driver restore: the copy helper starts re-making and filling the
+ * GPU memory meanwhile (helper.c). No CUDA call: the driver holds the process. */
+void gpucr_cmd_prefill(struct jbuf *out);
 /* ipc_legacy.c: a new descriptor for legacy IPC export ID (the caller closes
  * it) and its size; -1 when there is no such export. */
 int gpucr_ipc_export_fd(uint64_t id, uint64_t *size);

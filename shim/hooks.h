@@ -101,6 +101,12 @@ size_t gpucr_staging_bytes(void);
 CUresult gpucr_use_ctx(CUcontext ctx);
 void gpucr_datapath_after_fork_child(void);
 void gpucr_arena_start_prealloc(size_t size);
+/* helper.c: the copy helper path (GPUCR_COPY_HELPER) */
+int gpucr_helper_enabled(void);
+CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
+CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
+int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n); /* no CUDA call */
+void gpucr_helper_after_fork_child(void);
 void gpucr_checkpoint_at_exit(void);
 
 #endif

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -104,8 +105,33 @@ int main(void)
     CHECK(gpucr_arena_segments() == 3);
     PASS("arena detach/attach");
 
+    /* the copy helper's view: with descriptors kept, a segment's file shows
+     * what the process wrote at its placements, and another mapping of it
+     * writes into them; a detach closes the descriptor, an attach opens a new
+     * file (a new generation) */
+    int seg, fd;
+    size_t off, segsize;
+    unsigned gen, gen2;
+    CHECK(gpucr_arena_locate(out[0], &seg, &off) == 0 && gpucr_arena_segment(seg, &fd, &segsize, &gen) == -1);
+    CHECK(gpucr_arena_locate(line, &seg, &off) == -1); /* not in the arena */
+    gpucr_arena_keep_fds();
+    CHECK(gpucr_arena_detach(unreg) == 0 && gpucr_arena_attach(reg) == 0);
+    memset(out[1], 'z', more[1]);
+    CHECK(gpucr_arena_locate((char *)out[1] + 5, &seg, &off) == 0);
+    CHECK(gpucr_arena_segment(seg, &fd, &segsize, &gen) == 0 && off + more[1] - 5 <= segsize);
+    char *view = mmap(NULL, segsize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    CHECK(view != MAP_FAILED && view[off] == 'z' && view[off + more[1] - 6] == 'z');
+    view[off] = 'w';
+    CHECK(((char *)out[1])[5] == 'w');
+    munmap(view, segsize);
+    CHECK(gpucr_arena_detach(unreg) == 0 && gpucr_arena_segment(seg, &fd, &segsize, &gen2) == -1);
+    CHECK(gpucr_arena_attach(reg) == 0 && gpucr_arena_segment(seg, &fd, &segsize, &gen2) == 0 && gen2 != gen);
+    CHECK(files_in(dir) == 0);
+    PASS("arena segments shared with a copy helper");
+
+    int unreg_now = unregistered;
     gpucr_arena_destroy(unreg);
-    CHECK(unregistered == 3 + 3 && files_in(dir) == 0 && gpucr_arena_capacity() == 0);
+    CHECK(unregistered == unreg_now + 3 && files_in(dir) == 0 && gpucr_arena_capacity() == 0);
     rmdir(dir);
     PASS("arena cleanup");
     return 0;

@@ -1,0 +1,349 @@
+"""The copy helper: moves checkpointed processes' GPU data between the GPU and
+their host arenas at the copy engines' full rate (the shim's side and the why
+are in shim/helper.c).
+
+    gpucr-hpc copy-helper --socket PATH
+
+One thread per connected process. Each arena segment the process sends is
+mapped here and registered (pinned) once, in this process's own context, which
+no driver checkpoint ever touches. Requests, one JSON object per datagram,
+descriptors as SCM_RIGHTS; a blob is [id, size, segment, offset, device uuid]:
+
+  segment  {seg, size, gen} + the segment's descriptor: map and pin it
+  out      {blobs} + one exported allocation per blob: import each, copy it
+           into its arena place, let go
+  prefill  {blobs}: start making and filling those allocations now (while the
+           driver restores the process), answer at once
+  in       {blobs}: the allocations (prefilled, or made now), filled from the
+           arena, exported: one descriptor per blob with the answer
+  in_done  let go of what `in` handed over (the process imported it)
+
+Every answer is {"ok": true, ...} or {"ok": false, "error": ...}; an error
+leaves the process's data where it was (the shim then uses its own path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from gpucr_hpc.driver_nvidia import load_bindings
+from gpucr_hpc.errors import GpucrError
+
+MSG_MAX = 64 << 10
+MAX_FDS = 64
+CHUNK = 256 << 20  # one DMA
+STREAMS = 2
+
+
+class CudaError(Exception):
+    pass
+
+
+class Gpu:
+    """The driver calls of the helper, on the primary context of each GPU."""
+
+    def __init__(self):
+        self.cu = load_bindings()
+        self._ok(self.cu.cuInit(0), "cuInit")
+        self.ctx: dict[str, object] = {}
+        self.dev: dict[str, int] = {}
+        self.streams: dict[str, list] = {}
+        (n,) = self._ok(self.cu.cuDeviceGetCount(), "cuDeviceGetCount")
+        for i in range(n):
+            (d,) = self._ok(self.cu.cuDeviceGet(i), "cuDeviceGet")
+            (u,) = self._ok(self.cu.cuDeviceGetUuid(d), "cuDeviceGetUuid")
+            self.dev[bytes(u.bytes).hex()] = i
+        self.lock = threading.Lock()
+
+    def _ok(self, result, what: str):
+        err, *rest = result if isinstance(result, tuple) else (result,)
+        if int(err) != 0:
+            raise CudaError(f"{what}: CUDA error {int(err)}")
+        return rest
+
+    def use(self, uuid: str) -> int:
+        """Make the GPU with this uuid current in the calling thread; its ordinal."""
+        with self.lock:
+            if uuid not in self.dev:
+                raise CudaError(f"no GPU with uuid {uuid} here")
+            if uuid not in self.ctx:
+                (d,) = self._ok(self.cu.cuDeviceGet(self.dev[uuid]), "cuDeviceGet")
+                (c,) = self._ok(self.cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")
+                self._ok(self.cu.cuCtxSetCurrent(c), "cuCtxSetCurrent")
+                self.streams[uuid] = [self._ok(self.cu.cuStreamCreate(1), "cuStreamCreate")[0]
+                                      for _ in range(STREAMS)]
+                self.ctx[uuid] = c
+            self._ok(self.cu.cuCtxSetCurrent(self.ctx[uuid]), "cuCtxSetCurrent")
+            return self.dev[uuid]
+
+    def register(self, addr: int, size: int) -> None:
+        self._ok(self.cu.cuMemHostRegister(addr, size, self.cu.CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister")
+
+    def unregister(self, addr: int) -> None:
+        self.cu.cuMemHostUnregister(addr)
+
+    def _map(self, handle, size: int, ordinal: int) -> int:
+        (va,) = self._ok(self.cu.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
+        try:
+            self._ok(self.cu.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
+            acc = self.cu.CUmemAccessDesc()
+            acc.location.type = self.cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+            acc.location.id = ordinal
+            acc.flags = self.cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            self._ok(self.cu.cuMemSetAccess(va, size, [acc], 1), "cuMemSetAccess")
+        except CudaError:
+            self.cu.cuMemUnmap(va, size)
+            self.cu.cuMemAddressFree(va, size)
+            raise
+        return int(va)
+
+    def _unmap(self, va: int, size: int) -> None:
+        self.cu.cuMemUnmap(va, size)
+        self.cu.cuMemAddressFree(va, size)
+
+    def copy(self, uuid: str, pieces: list[tuple[int, int, int]], to_host: bool) -> None:
+        """(device address, host address, size) pieces, in CHUNK DMAs over the streams."""
+        streams = self.streams[uuid]
+        k = 0
+        for dva, host, size in pieces:
+            for off in range(0, size, CHUNK):
+                n = min(CHUNK, size - off)
+                s = streams[k % len(streams)]
+                k += 1
+                if to_host:
+                    self._ok(self.cu.cuMemcpyDtoHAsync(host + off, dva + off, n, s), "cuMemcpyDtoHAsync")
+                else:
+                    self._ok(self.cu.cuMemcpyHtoDAsync(dva + off, host + off, n, s), "cuMemcpyHtoDAsync")
+        for s in streams:
+            self._ok(self.cu.cuStreamSynchronize(s), "cuStreamSynchronize")
+
+    def import_fd(self, fd: int):
+        t = self.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        (h,) = self._ok(self.cu.cuMemImportFromShareableHandle(fd, t), "cuMemImportFromShareableHandle")
+        return h
+
+    def create(self, size: int, ordinal: int):
+        prop = self.cu.CUmemAllocationProp()
+        prop.type = self.cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = self.cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = ordinal
+        prop.requestedHandleTypes = self.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        (h,) = self._ok(self.cu.cuMemCreate(size, prop, 0), "cuMemCreate")
+        return h
+
+    def export_fd(self, handle) -> int:
+        t = self.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        (fd,) = self._ok(self.cu.cuMemExportToShareableHandle(handle, t, 0), "cuMemExportToShareableHandle")
+        return int(fd)
+
+    def release(self, handle) -> None:
+        self.cu.cuMemRelease(handle)
+
+
+class Client:
+    """One connected process: its segments here, its allocations in flight."""
+
+    def __init__(self, gpu: Gpu, conn: socket.socket):
+        self.gpu, self.conn = gpu, conn
+        self.segs: dict[int, tuple[int, mmap.mmap, int, int]] = {}  # seg -> (gen, map, addr, size)
+        self.prefill: threading.Thread | None = None
+        self.made: dict[int, tuple] = {}  # blob id -> (handle, va, size) made for `in`
+        self.made_error: str | None = None
+        self.handed: list[tuple] = []
+
+    def host(self, seg: int, off: int, size: int) -> int:
+        if seg not in self.segs:
+            raise CudaError(f"segment {seg} was never sent")
+        _, _, addr, ssize = self.segs[seg]
+        if off + size > ssize:
+            raise CudaError(f"a blob of {size} bytes at {off} is outside segment {seg}")
+        return addr + off
+
+    def on_segment(self, req, fds) -> dict:
+        seg, size, gen = int(req["seg"]), int(req["size"]), int(req["gen"])
+        old = self.segs.pop(seg, None)
+        if old:
+            self.gpu.unregister(old[2])
+            old[1].close()
+        t0 = time.monotonic()
+        m = mmap.mmap(fds[0], size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        self.gpu.use(next(iter(self.gpu.dev)))  # registration is portable: any context
+        self.gpu.register(addr, size)
+        self.segs[seg] = (gen, m, addr, size)
+        return {"register_s": time.monotonic() - t0}
+
+    def by_device(self, blobs):
+        out: dict[str, list] = {}
+        for b in blobs:
+            out.setdefault(b[4], []).append(b)
+        return out.items()
+
+    def on_out(self, req, fds) -> dict:
+        blobs = req["blobs"]
+        if len(fds) != len(blobs):
+            raise CudaError(f"{len(blobs)} blobs came with {len(fds)} descriptors")
+        fd_of = {int(b[0]): fd for b, fd in zip(blobs, fds)}
+        t0, moved = time.monotonic(), 0
+        for uuid, group in self.by_device(blobs):
+            ordinal = self.gpu.use(uuid)
+            held = []
+            try:
+                for b in group:
+                    h = self.gpu.import_fd(fd_of[int(b[0])])
+                    held.append((h, self.gpu._map(h, int(b[1]), ordinal), int(b[1])))
+                self.gpu.copy(uuid, [(va, self.host(int(b[2]), int(b[3]), size), size)
+                                     for (_, va, size), b in zip(held, group)], to_host=True)
+                moved += sum(size for _, _, size in held)
+            finally:
+                for h, va, size in held:
+                    self.gpu._unmap(va, size)
+                    self.gpu.release(h)
+        return {"bytes": moved, "seconds": time.monotonic() - t0}
+
+    def make(self, blobs) -> None:
+        """Create and fill the allocations of these blobs (for `in`)."""
+        for uuid, group in self.by_device(blobs):
+            ordinal = self.gpu.use(uuid)
+            made = []
+            for b in group:
+                if int(b[0]) in self.made:
+                    continue
+                h = self.gpu.create(int(b[1]), ordinal)
+                try:
+                    va = self.gpu._map(h, int(b[1]), ordinal)
+                except CudaError:
+                    self.gpu.release(h)
+                    raise
+                self.made[int(b[0])] = (h, va, int(b[1]))
+                made.append((va, self.host(int(b[2]), int(b[3]), int(b[1])), int(b[1])))
+            self.gpu.copy(uuid, made, to_host=False)
+
+    def on_prefill(self, req, fds) -> dict:
+        self.wait_prefill()
+        blobs = req["blobs"]
+
+        def run():
+            try:
+                self.make(blobs)
+            except Exception as e:  # reported to the `in` that waits for it
+                self.made_error = str(e)
+
+        self.prefill = threading.Thread(target=run, daemon=True)
+        self.prefill.start()
+        return {}
+
+    def wait_prefill(self) -> None:
+        if self.prefill:
+            self.prefill.join()
+            self.prefill = None
+
+    def on_in(self, req, fds) -> tuple[dict, list[int]]:
+        t0 = time.monotonic()
+        self.wait_prefill()
+        waited = time.monotonic() - t0
+        if self.made_error:
+            err, self.made_error = self.made_error, None
+            self.drop_made()
+            raise CudaError(err)
+        blobs = req["blobs"]
+        self.make(blobs)  # whatever the prefill did not make
+        out = []
+        try:
+            for b in blobs:
+                h, va, size = self.made.pop(int(b[0]))
+                self.handed.append((h, va, size))
+                out.append(self.gpu.export_fd(h))
+        except Exception:
+            for fd in out:
+                os.close(fd)
+            raise
+        return {"seconds": time.monotonic() - t0, "waited_for_prefill_s": waited}, out
+
+    def on_in_done(self, req, fds) -> dict:
+        for h, va, size in self.handed:
+            self.gpu._unmap(va, size)
+            self.gpu.release(h)
+        self.handed = []
+        return {}
+
+    def drop_made(self) -> None:
+        for h, va, size in self.made.values():
+            self.gpu._unmap(va, size)
+            self.gpu.release(h)
+        self.made = {}
+
+    def close(self) -> None:
+        self.wait_prefill()
+        self.on_in_done(None, [])
+        self.drop_made()
+        for _, m, addr, _ in self.segs.values():
+            self.gpu.unregister(addr)
+            m.close()
+        self.segs = {}
+        self.conn.close()
+
+    def serve(self) -> None:
+        handlers = {"segment": self.on_segment, "out": self.on_out, "prefill": self.on_prefill,
+                    "in": self.on_in, "in_done": self.on_in_done}
+        try:
+            while True:
+                try:
+                    msg, fds, _, _ = socket.recv_fds(self.conn, MSG_MAX, MAX_FDS)
+                except OSError:
+                    return
+                if not msg:
+                    return
+                out_fds: list[int] = []
+                try:
+                    req = json.loads(msg)
+                    fn = handlers.get(req.get("cmd"))
+                    if fn is None:
+                        raise CudaError(f"unknown request {req.get('cmd')!r}")
+                    r = fn(req, fds)
+                    if isinstance(r, tuple):
+                        r, out_fds = r
+                    reply = {"ok": True, **r}
+                except (CudaError, ValueError, KeyError, OSError) as e:
+                    reply = {"ok": False, "error": str(e)}
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                try:
+                    data = json.dumps(reply).encode()
+                    if out_fds:
+                        socket.send_fds(self.conn, [data], out_fds)
+                    else:
+                        self.conn.send(data)
+                finally:
+                    for fd in out_fds:
+                        os.close(fd)
+        finally:
+            self.close()
+
+
+def serve(path: Path, ready=None) -> None:
+    """Accept processes on the socket at path until killed."""
+    try:
+        gpu = Gpu()
+    except CudaError as e:
+        raise GpucrError(f"the copy helper cannot use the GPUs: {e}",
+                         "run it on a GPU node, as the user (or root) whose jobs it serves")
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    srv.bind(str(path))
+    os.chmod(path, 0o600)  # only its owner's processes (root: any) may connect
+    srv.listen(64)
+    if ready:
+        ready()
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=Client(gpu, conn).serve, daemon=True).start()

@@ -1,0 +1,329 @@
+/* The copy helper path (GPUCR_COPY_HELPER=SOCKET): the GPU data moves between
+ * the GPU and the host arena in another process, `gpucr-hpc copy-helper`.
+ *
+ * Why: the copy engines reach full speed only from pinned host memory, and
+ * pinned memory in this process makes the driver checkpoint slower (datapath.c),
+ * so the bounce path copies through a small pinned ring and the CPU, at what
+ * the host's memory bandwidth allows. The helper maps the same arena files and
+ * keeps them pinned in its own context, which the driver never checkpoints: the
+ * copy engines then read and write the arena directly, both ways.
+ *
+ * Out: each allocation is exported (a POSIX descriptor; the shim creates its
+ * allocations exportable, hooks_alloc.c), sent with its arena place; the helper
+ * imports it, copies it into the arena and lets go; then the checkpoint
+ * releases it as on the bounce path. In: the helper creates the allocations on
+ * the same GPUs, fills them from the arena and sends them; this process imports
+ * them and maps them at their old addresses. A "prefill" sent while the driver
+ * restores this process lets the helper do that beside the driver restore.
+ * Either way the data is in the arena whatever the helper does, so any helper
+ * failure falls back to the bounce path (checkpoint.c), never loses data.
+ *
+ * Messages are one JSON object per SOCK_SEQPACKET datagram, descriptors as
+ * SCM_RIGHTS; blobs go in batches of BATCH. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "hooks.h"
+
+#define BATCH 64
+#define MSG_MAX (64 << 10)
+#define MAX_SEGS 64
+
+static int sock = -1;
+static int enabled = -1; /* GPUCR_COPY_HELPER read once */
+static char path[108];
+static unsigned sent_gen[MAX_SEGS]; /* the segment generation the helper has, +1 */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+int gpucr_helper_enabled(void)
+{
+    if (enabled < 0) {
+        const char *v = getenv("GPUCR_COPY_HELPER");
+        enabled = v && *v && strlen(v) < sizeof path;
+        if (enabled) {
+            snprintf(path, sizeof path, "%s", v);
+            gpucr_arena_keep_fds();
+        } else if (v && *v)
+            fprintf(stderr, "gpucr: GPUCR_COPY_HELPER=%s is longer than a socket path may be; not using a copy helper\n", v);
+    }
+    return enabled;
+}
+
+static int connect_helper(void)
+{
+    if (sock >= 0)
+        return 0;
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+        gpucr_log("copy helper at %s: %s", path, strerror(errno));
+        if (s >= 0)
+            close(s);
+        return -1;
+    }
+    sock = s;
+    memset(sent_gen, 0, sizeof sent_gen);
+    return 0;
+}
+
+static void disconnect(void)
+{
+    if (sock >= 0)
+        close(sock);
+    sock = -1;
+}
+
+static int send_msg(const char *json, const int *fds, int nfds)
+{
+    struct iovec iov = {.iov_base = (void *)json, .iov_len = strlen(json)};
+    char ctl[CMSG_SPACE(sizeof(int) * BATCH)];
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (nfds > 0) {
+        memset(ctl, 0, sizeof ctl);
+        m.msg_control = ctl;
+        m.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+    }
+    ssize_t n;
+    do
+        n = sendmsg(sock, &m, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)iov.iov_len ? 0 : -1;
+}
+
+/* One reply into buf; its descriptors (up to max) into fds, their count into *nfds. */
+static int recv_msg(char *buf, size_t len, int *fds, int max, int *nfds)
+{
+    struct iovec iov = {.iov_base = buf, .iov_len = len - 1};
+    char ctl[CMSG_SPACE(sizeof(int) * BATCH)];
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof ctl};
+    ssize_t n;
+    do
+        n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    int got = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+            int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < k; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+                if (got < max && fds)
+                    fds[got++] = fd;
+                else
+                    close(fd);
+            }
+        }
+    if (nfds)
+        *nfds = got;
+    else
+        for (int i = 0; i < got; i++)
+            close(fds[i]);
+    return 0;
+}
+
+/* Sends json (+ fds) and waits for {"ok": true ...}; the reply in reply. */
+static int call(const char *json, const int *fds, int nfds, char *reply, size_t len, int *rfds, int rmax, int *rn)
+{
+    if (send_msg(json, fds, nfds) != 0 || recv_msg(reply, len, rfds, rmax, rn) != 0) {
+        gpucr_log("copy helper: %s", strerror(errno ? errno : EPIPE));
+        disconnect();
+        return -1;
+    }
+    if (!strstr(reply, "\"ok\": true") && !strstr(reply, "\"ok\":true")) {
+        gpucr_log("copy helper refused: %.300s", reply);
+        return -1;
+    }
+    return 0;
+}
+
+/* The helper has every segment that holds one of the blobs, as it is now. */
+static int send_segments(struct gpucr_phys *const *p, size_t n, double *setup_s)
+{
+    char msg[256], reply[1024];
+    for (size_t i = 0; i < n; i++) {
+        int seg, fd;
+        size_t off, size;
+        unsigned gen;
+        if (gpucr_arena_locate(p[i]->host, &seg, &off) != 0 || seg >= MAX_SEGS ||
+            gpucr_arena_segment(seg, &fd, &size, &gen) != 0)
+            return -1;
+        if (sent_gen[seg] == gen + 1)
+            continue;
+        double t0 = gpucr_now();
+        snprintf(msg, sizeof msg, "{\"cmd\": \"segment\", \"seg\": %d, \"size\": %zu, \"gen\": %u}", seg, size, gen);
+        if (call(msg, &fd, 1, reply, sizeof reply, NULL, 0, NULL) != 0)
+            return -1;
+        sent_gen[seg] = gen + 1;
+        *setup_s += gpucr_now() - t0;
+    }
+    return 0;
+}
+
+/* The UUID of a device, as hex: asked of the driver while the process runs
+ * (checkpoint), remembered for the prefill, when the driver holds it. */
+#define MAX_DEV 64
+static char uuids[MAX_DEV][33];
+
+static const char *uuid_of(int dev, int may_ask)
+{
+    if (dev < 0 || dev >= MAX_DEV)
+        return NULL;
+    CUuuid u;
+    if (!uuids[dev][0] && may_ask && D.cuDeviceGetUuid_v2 && D.cuDeviceGetUuid_v2(&u, dev) == CUDA_SUCCESS)
+        for (int k = 0; k < 16; k++)
+            snprintf(uuids[dev] + 2 * k, 3, "%02x", (unsigned char)u.bytes[k]);
+    return uuids[dev][0] ? uuids[dev] : NULL;
+}
+
+/* One blob as the helper reads it: [id, size, seg, offset, "device uuid"]. */
+static int put_blob(char *buf, size_t len, size_t *at, const struct gpucr_phys *p, int may_ask)
+{
+    int seg;
+    size_t off;
+    const char *uuid = uuid_of(p->device, may_ask);
+    if (!uuid || gpucr_arena_locate(p->host, &seg, &off) != 0)
+        return -1;
+    int w = snprintf(buf + *at, len - *at, "%s[%llu, %zu, %d, %zu, \"%s\"]", *at && buf[*at - 1] != '[' ? ", " : "",
+                     (unsigned long long)p->vhandle, p->size, seg, off, uuid);
+    if (w < 0 || (size_t)w >= len - *at)
+        return -1;
+    *at += (size_t)w;
+    return 0;
+}
+
+static int blob_list(char *buf, size_t len, const char *cmd, struct gpucr_phys *const *p, size_t n)
+{
+    size_t at = (size_t)snprintf(buf, len, "{\"cmd\": \"%s\", \"blobs\": [", cmd);
+    int may_ask = strcmp(cmd, "prefill") != 0;
+    for (size_t i = 0; i < n; i++)
+        if (put_blob(buf, len, &at, p[i], may_ask) != 0)
+            return -1;
+    return snprintf(buf + at, len - at, "]}") < (int)(len - at) ? 0 : -1;
+}
+
+CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st)
+{
+    static char msg[MSG_MAX];
+    char reply[1024];
+    int fds[BATCH];
+    CUresult rc = CUDA_ERROR_NOT_READY;
+    double t0 = gpucr_now();
+    pthread_mutex_lock(&mu);
+    if (connect_helper() != 0 || send_segments(p, n, &st->setup_s) != 0)
+        goto out;
+    for (size_t b = 0; b < n; b += BATCH) {
+        size_t k = n - b < BATCH ? n - b : BATCH, made = 0;
+        CUresult r = CUDA_SUCCESS;
+        for (; made < k; made++) {
+            int fd = -1;
+            if ((r = D.cuMemExportToShareableHandle(&fd, p[b + made]->rhandle,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) != CUDA_SUCCESS)
+                break;
+            fds[made] = fd;
+        }
+        int ok = r == CUDA_SUCCESS && blob_list(msg, sizeof msg, "out", p + b, k) == 0 &&
+                 call(msg, fds, (int)k, reply, sizeof reply, NULL, 0, NULL) == 0;
+        for (size_t i = 0; i < made; i++)
+            close(fds[i]);
+        if (!ok) {
+            if (r != CUDA_SUCCESS)
+                gpucr_log("copy helper: exporting an allocation failed (CUDA error %d)", (int)r);
+            goto out;
+        }
+    }
+    rc = CUDA_SUCCESS;
+out:
+    pthread_mutex_unlock(&mu);
+    st->seconds = gpucr_now() - t0;
+    st->bounce = 0;
+    st->threads = 0;
+    return rc;
+}
+
+int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n)
+{
+    static char msg[MSG_MAX];
+    char reply[1024];
+    int rc = -1;
+    pthread_mutex_lock(&mu);
+    if (n <= BATCH && connect_helper() == 0 && blob_list(msg, sizeof msg, "prefill", p, n) == 0)
+        rc = call(msg, NULL, 0, reply, sizeof reply, NULL, 0, NULL);
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+/* The helper's allocations, filled, imported: p[i]->rhandle, p[i]->dropped = 2.
+ * On failure every import made here is released again. */
+CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st)
+{
+    static char msg[MSG_MAX];
+    char reply[1024];
+    int fds[BATCH], got = 0;
+    CUresult rc = CUDA_ERROR_NOT_READY;
+    size_t done = 0;
+    double t0 = gpucr_now();
+    pthread_mutex_lock(&mu);
+    if (connect_helper() != 0 || send_segments(p, n, &st->setup_s) != 0)
+        goto out;
+    for (size_t b = 0; b < n; b += BATCH) {
+        size_t k = n - b < BATCH ? n - b : BATCH;
+        if (blob_list(msg, sizeof msg, "in", p + b, k) != 0 ||
+            call(msg, NULL, 0, reply, sizeof reply, fds, BATCH, &got) != 0)
+            goto out;
+        CUresult r = got == (int)k ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+        for (int i = 0; i < got; i++) {
+            CUmemGenericAllocationHandle h;
+            if (r == CUDA_SUCCESS &&
+                (r = D.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[i],
+                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) == CUDA_SUCCESS) {
+                p[b + i]->rhandle = h;
+                p[b + i]->dropped = 2;
+                done++;
+            }
+            close(fds[i]);
+        }
+        /* the helper lets go of its handles either way */
+        if (call("{\"cmd\": \"in_done\"}", NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0 || r != CUDA_SUCCESS) {
+            if (r != CUDA_SUCCESS)
+                gpucr_log("copy helper: importing an allocation failed (CUDA error %d)", (int)r);
+            goto out;
+        }
+    }
+    rc = CUDA_SUCCESS;
+out:
+    if (rc != CUDA_SUCCESS)
+        for (size_t i = 0; i < n && done; i++)
+            if (p[i]->dropped == 2) {
+                D.cuMemRelease(p[i]->rhandle);
+                p[i]->dropped = 1;
+                done--;
+            }
+    pthread_mutex_unlock(&mu);
+    st->seconds = gpucr_now() - t0;
+    st->bounce = 0;
+    st->threads = 0;
+    return rc;
+}
+
+void gpucr_helper_after_fork_child(void)
+{
+    pthread_mutex_init(&mu, NULL);
+    if (sock >= 0)
+        close(sock); /* the parent's connection */
+    sock = -1;
+}
