@@ -29,6 +29,7 @@ import json
 import mmap
 import os
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -313,6 +314,7 @@ class Client:
                     reply = {"ok": True, **r}
                 except (CudaError, ValueError, KeyError, OSError) as e:
                     reply = {"ok": False, "error": str(e)}
+                    print(f"gpucr-hpc copy-helper: {msg[:40]!r}: {e}", file=sys.stderr, flush=True)
                 finally:
                     for fd in fds:
                         os.close(fd)

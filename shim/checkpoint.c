@@ -550,6 +550,8 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_f64(out, "copy_s", cs.seconds);
     jb_f64(out, "release_s", t2 - tr);
     jb_str(out, "data_path", helped ? "helper" : cs.bounce ? "bounce" : "direct");
+    if (!helped && w.n && gpucr_helper_enabled())
+        jb_str(out, "helper_fallback", gpucr_helper_error());
     jb_bool(out, "arena_pinned", gpucr_pin_arena); /* then arena_detach needs CUDA */
     jb_i64(out, "copy_threads", cs.threads);
     jb_copy_mode(out, &cs);
@@ -659,6 +661,8 @@ void gpucr_cmd_restore(struct jbuf *out)
     jb_f64(out, "create_s", tc - t0);
     jb_f64(out, "copy_s", cs.seconds);
     jb_str(out, "data_path", helped ? "helper" : cs.bounce ? "bounce" : "direct");
+    if (!helped && w.n && gpucr_helper_enabled())
+        jb_str(out, "helper_fallback", gpucr_helper_error());
     jb_i64(out, "copy_threads", cs.threads);
     jb_copy_mode(out, &cs);
     jb_f64(out, "arena_setup_s", cs.setup_s);

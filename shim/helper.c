@@ -22,6 +22,7 @@
  * SCM_RIGHTS; blobs go in batches of BATCH. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,11 +36,24 @@
 #define MSG_MAX (64 << 10)
 #define MAX_SEGS 64
 
+static char why[256]; /* why the last use of the helper failed */
 static int sock = -1;
 static int enabled = -1; /* GPUCR_COPY_HELPER read once */
 static char path[108];
 static unsigned sent_gen[MAX_SEGS]; /* the segment generation the helper has, +1 */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    gpucr_log("copy helper: %s", why);
+}
+
+const char *gpucr_helper_error(void) { return why[0] ? why : "unknown"; }
 
 int gpucr_helper_enabled(void)
 {
@@ -63,7 +77,7 @@ static int connect_helper(void)
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
     if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
-        gpucr_log("copy helper at %s: %s", path, strerror(errno));
+        fail("cannot connect to %s: %s (is gpucr-hpc copy-helper running?)", path, strerror(errno));
         if (s >= 0)
             close(s);
         return -1;
@@ -140,12 +154,12 @@ static int recv_msg(char *buf, size_t len, int *fds, int max, int *nfds)
 static int call(const char *json, const int *fds, int nfds, char *reply, size_t len, int *rfds, int rmax, int *rn)
 {
     if (send_msg(json, fds, nfds) != 0 || recv_msg(reply, len, rfds, rmax, rn) != 0) {
-        gpucr_log("copy helper: %s", strerror(errno ? errno : EPIPE));
+        fail("%s", strerror(errno ? errno : EPIPE));
         disconnect();
         return -1;
     }
     if (!strstr(reply, "\"ok\": true") && !strstr(reply, "\"ok\":true")) {
-        gpucr_log("copy helper refused: %.300s", reply);
+        fail("refused: %.200s", reply);
         return -1;
     }
     return 0;
@@ -160,8 +174,10 @@ static int send_segments(struct gpucr_phys *const *p, size_t n, double *setup_s)
         size_t off, size;
         unsigned gen;
         if (gpucr_arena_locate(p[i]->host, &seg, &off) != 0 || seg >= MAX_SEGS ||
-            gpucr_arena_segment(seg, &fd, &size, &gen) != 0)
+            gpucr_arena_segment(seg, &fd, &size, &gen) != 0) {
+            fail("arena segment %d has no descriptor to share", seg);
             return -1;
+        }
         if (sent_gen[seg] == gen + 1)
             continue;
         double t0 = gpucr_now();
@@ -211,8 +227,10 @@ static int blob_list(char *buf, size_t len, const char *cmd, struct gpucr_phys *
     size_t at = (size_t)snprintf(buf, len, "{\"cmd\": \"%s\", \"blobs\": [", cmd);
     int may_ask = strcmp(cmd, "prefill") != 0;
     for (size_t i = 0; i < n; i++)
-        if (put_blob(buf, len, &at, p[i], may_ask) != 0)
+        if (put_blob(buf, len, &at, p[i], may_ask) != 0) {
+            fail("allocation %zu: no device UUID or arena place", i);
             return -1;
+        }
     return snprintf(buf + at, len - at, "]}") < (int)(len - at) ? 0 : -1;
 }
 
@@ -242,7 +260,7 @@ CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_co
             close(fds[i]);
         if (!ok) {
             if (r != CUDA_SUCCESS)
-                gpucr_log("copy helper: exporting an allocation failed (CUDA error %d)", (int)r);
+                fail("exporting an allocation failed (CUDA error %d)", (int)r);
             goto out;
         }
     }
@@ -300,7 +318,7 @@ CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_cop
         /* the helper lets go of its handles either way */
         if (call("{\"cmd\": \"in_done\"}", NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0 || r != CUDA_SUCCESS) {
             if (r != CUDA_SUCCESS)
-                gpucr_log("copy helper: importing an allocation failed (CUDA error %d)", (int)r);
+                fail("importing an allocation failed (CUDA error %d)", (int)r);
             goto out;
         }
     }

@@ -107,6 +107,7 @@ CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_co
 CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
 int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n); /* no CUDA call */
 void gpucr_helper_after_fork_child(void);
+const char *gpucr_helper_error(void); /* why its last use failed */
 void gpucr_checkpoint_at_exit(void);
 
 #endif

@@ -35,6 +35,7 @@ __attribute__((constructor)) static void gpucr_init(void)
         gpucr_log("arena dir %s unusable, using /dev/shm", arena ? arena : "(none)");
         gpucr_arena_configure(NULL);
     }
+    gpucr_helper_enabled(); /* before any segment exists: they keep their descriptors for it */
     const char *pre = getenv("GPUCR_ARENA_PREALLOC"); /* bytes, or with K/M/G suffix */
     if (pre && *pre) {
         char *end;
