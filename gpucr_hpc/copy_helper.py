@@ -7,19 +7,24 @@ are in shim/helper.c).
 One thread per connected process. Each arena segment the process sends is
 mapped here and registered (pinned) once, in this process's own context, which
 no driver checkpoint ever touches. Requests, one JSON object per datagram,
-descriptors as SCM_RIGHTS; a blob is [id, size, segment, offset, device uuid]:
+descriptors as SCM_RIGHTS; a blob is [id, size, segment, offset, device uuid,
+held], held when this helper made it and keeps a handle to it:
 
   segment  {seg, size, gen} + the segment's descriptor: map and pin it
-  out      {blobs} + one exported allocation per blob: import each, copy it
-           into its arena place, let go
+  out      {blobs} + one exported allocation per blob not held: copy each into
+           its arena place, then let go of it (held ones too)
   prefill  {blobs}: start making and filling those allocations now (while the
            driver restores the process), answer at once
   in       {blobs}: the allocations (prefilled, or made now), filled from the
            arena, exported: one descriptor per blob with the answer
-  in_done  let go of what `in` handed over (the process imported it)
+  in_done  {keep}: the process imported them: keep a handle to each (the
+           driver does not export an imported allocation again, so the next
+           `out` copies through ours), or let go (keep false)
+  forget   {id}: the process freed that allocation: let go of it (no answer)
 
 Every answer is {"ok": true, ...} or {"ok": false, "error": ...}; an error
 leaves the process's data where it was (the shim then uses its own path).
+A closed connection lets go of everything of that process.
 """
 
 from __future__ import annotations
@@ -157,7 +162,8 @@ class Client:
         self.prefill: threading.Thread | None = None
         self.made: dict[int, tuple] = {}  # blob id -> (handle, va, size) made for `in`
         self.made_error: str | None = None
-        self.handed: list[tuple] = []
+        self.handed: dict[int, tuple] = {}  # blob id -> (handle, va, size) sent by `in`
+        self.kept: dict[int, tuple] = {}  # the same, imported by the process: ours too
 
     def host(self, seg: int, off: int, size: int) -> int:
         if seg not in self.segs:
@@ -189,17 +195,24 @@ class Client:
 
     def on_out(self, req, fds) -> dict:
         blobs = req["blobs"]
-        if len(fds) != len(blobs):
-            raise CudaError(f"{len(blobs)} blobs came with {len(fds)} descriptors")
-        fd_of = {int(b[0]): fd for b, fd in zip(blobs, fds)}
+        sent = [b for b in blobs if not int(b[5])]
+        if len(fds) != len(sent):
+            raise CudaError(f"{len(sent)} exported blobs came with {len(fds)} descriptors")
+        fd_of = {int(b[0]): fd for b, fd in zip(sent, fds)}
+        missing = [int(b[0]) for b in blobs if int(b[5]) and int(b[0]) not in self.kept]
+        if missing:
+            raise CudaError(f"allocations {missing} are not held here")
         t0, moved = time.monotonic(), 0
         for uuid, group in self.by_device(blobs):
             ordinal = self.gpu.use(uuid)
             held = []
             try:
                 for b in group:
-                    h = self.gpu.import_fd(fd_of[int(b[0])])
-                    held.append((h, self.gpu._map(h, int(b[1]), ordinal), int(b[1])))
+                    if int(b[5]):
+                        held.append(self.kept.pop(int(b[0])))
+                    else:
+                        h = self.gpu.import_fd(fd_of[int(b[0])])
+                        held.append((h, self.gpu._map(h, int(b[1]), ordinal), int(b[1])))
                 self.gpu.copy(uuid, [(va, self.host(int(b[2]), int(b[3]), size), size)
                                      for (_, va, size), b in zip(held, group)], to_host=True)
                 moved += sum(size for _, _, size in held)
@@ -260,7 +273,7 @@ class Client:
         try:
             for b in blobs:
                 h, va, size = self.made.pop(int(b[0]))
-                self.handed.append((h, va, size))
+                self.handed[int(b[0])] = (h, va, size)
                 out.append(self.gpu.export_fd(h))
         except Exception:
             for fd in out:
@@ -269,22 +282,33 @@ class Client:
         return {"seconds": time.monotonic() - t0, "waited_for_prefill_s": waited}, out
 
     def on_in_done(self, req, fds) -> dict:
-        for h, va, size in self.handed:
-            self.gpu._unmap(va, size)
-            self.gpu.release(h)
-        self.handed = []
+        if req and req.get("keep"):
+            self.kept.update(self.handed)
+        else:
+            self.let_go(self.handed.values())
+        self.handed = {}
         return {}
 
-    def drop_made(self) -> None:
-        for h, va, size in self.made.values():
+    def on_forget(self, req, fds) -> None:
+        got = self.kept.pop(int(req["id"]), None)
+        if got:
+            self.let_go([got])
+
+    def let_go(self, items) -> None:
+        for h, va, size in items:
             self.gpu._unmap(va, size)
             self.gpu.release(h)
+
+    def drop_made(self) -> None:
+        self.let_go(self.made.values())
         self.made = {}
 
     def close(self) -> None:
         self.wait_prefill()
         self.on_in_done(None, [])
         self.drop_made()
+        self.let_go(self.kept.values())
+        self.kept = {}
         for _, m, addr, _ in self.segs.values():
             self.gpu.unregister(addr)
             m.close()
@@ -293,7 +317,7 @@ class Client:
 
     def serve(self) -> None:
         handlers = {"segment": self.on_segment, "out": self.on_out, "prefill": self.on_prefill,
-                    "in": self.on_in, "in_done": self.on_in_done}
+                    "in": self.on_in, "in_done": self.on_in_done, "forget": self.on_forget}
         try:
             while True:
                 try:
@@ -309,6 +333,8 @@ class Client:
                     if fn is None:
                         raise CudaError(f"unknown request {req.get('cmd')!r}")
                     r = fn(req, fds)
+                    if r is None:  # forget: no answer
+                        continue
                     if isinstance(r, tuple):
                         r, out_fds = r
                     reply = {"ok": True, **r}

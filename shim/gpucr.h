@@ -56,6 +56,7 @@ enum {
     PHYS_SHIM_OWNED = 1, /* a plain allocation the shim backs with VMM */
     PHYS_EXPORTED = 2,   /* exported to a shareable handle (IPC) */
     PHYS_IMPORTED = 4,   /* imported from a shareable handle (IPC) */
+    PHYS_HELPER_HELD = 8, /* made by the copy helper, which keeps a handle to it (helper.c) */
 };
 
 struct gpucr_phys {
@@ -87,6 +88,8 @@ void gpucr_table_unlock(void);
 struct gpucr_phys *gpucr_phys_add(uint64_t rhandle, size_t size); /* picks vhandle */
 struct gpucr_phys *gpucr_phys_get(uint64_t vhandle);
 void gpucr_phys_del(uint64_t vhandle);
+/* Called by gpucr_phys_del for a PHYS_HELPER_HELD allocation (table lock held). */
+extern void (*gpucr_phys_on_forget)(struct gpucr_phys *);
 struct gpucr_map *gpucr_map_add(uint64_t va, size_t size, size_t offset, uint64_t vhandle);
 struct gpucr_map *gpucr_map_get(uint64_t va);
 void gpucr_map_del(uint64_t va);

@@ -13,7 +13,11 @@
  * imports it, copies it into the arena and lets go; then the checkpoint
  * releases it as on the bounce path. In: the helper creates the allocations on
  * the same GPUs, fills them from the arena and sends them; this process imports
- * them and maps them at their old addresses. A "prefill" sent while the driver
+ * them and maps them at their old addresses. An imported allocation cannot be
+ * exported again (the driver refuses), so the helper keeps its own handle to
+ * what it made (PHYS_HELPER_HELD) and the next checkpoint copies through that;
+ * when the application frees such an allocation, the helper is told to let go
+ * ("forget"), and it lets go of everything when this process goes away. A "prefill" sent while the driver
  * restores this process lets the helper do that beside the driver restore.
  * Either way the data is in the arena whatever the helper does, so any helper
  * failure falls back to the bounce path (checkpoint.c), never loses data.
@@ -42,6 +46,7 @@ static int enabled = -1; /* GPUCR_COPY_HELPER read once */
 static char path[108];
 static unsigned sent_gen[MAX_SEGS]; /* the segment generation the helper has, +1 */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static void forget(struct gpucr_phys *p);
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void fail(const char *fmt, ...)
@@ -63,6 +68,7 @@ int gpucr_helper_enabled(void)
         if (enabled) {
             snprintf(path, sizeof path, "%s", v);
             gpucr_arena_keep_fds();
+            gpucr_phys_on_forget = forget;
         } else if (v && *v)
             fprintf(stderr, "gpucr: GPUCR_COPY_HELPER=%s is longer than a socket path may be; not using a copy helper\n", v);
     }
@@ -87,11 +93,20 @@ static int connect_helper(void)
     return 0;
 }
 
+static void clear_held(struct gpucr_phys *p, void *arg)
+{
+    (void)arg;
+    p->flags &= ~(unsigned)PHYS_HELPER_HELD;
+}
+
+/* The helper lets go of everything of a closed connection. Callers hold the
+ * table lock. */
 static void disconnect(void)
 {
     if (sock >= 0)
         close(sock);
     sock = -1;
+    gpucr_phys_foreach(clear_held, NULL);
 }
 
 static int send_msg(const char *json, const int *fds, int nfds)
@@ -206,7 +221,7 @@ static const char *uuid_of(int dev, int may_ask)
     return uuids[dev][0] ? uuids[dev] : NULL;
 }
 
-/* One blob as the helper reads it: [id, size, seg, offset, "device uuid"]. */
+/* One blob as the helper reads it: [id, size, seg, offset, "device uuid", held]. */
 static int put_blob(char *buf, size_t len, size_t *at, const struct gpucr_phys *p, int may_ask)
 {
     int seg;
@@ -214,8 +229,8 @@ static int put_blob(char *buf, size_t len, size_t *at, const struct gpucr_phys *
     const char *uuid = uuid_of(p->device, may_ask);
     if (!uuid || gpucr_arena_locate(p->host, &seg, &off) != 0)
         return -1;
-    int w = snprintf(buf + *at, len - *at, "%s[%llu, %zu, %d, %zu, \"%s\"]", *at && buf[*at - 1] != '[' ? ", " : "",
-                     (unsigned long long)p->vhandle, p->size, seg, off, uuid);
+    int w = snprintf(buf + *at, len - *at, "%s[%llu, %zu, %d, %zu, \"%s\", %d]", *at && buf[*at - 1] != '[' ? ", " : "",
+                     (unsigned long long)p->vhandle, p->size, seg, off, uuid, (p->flags & PHYS_HELPER_HELD) != 0);
     if (w < 0 || (size_t)w >= len - *at)
         return -1;
     *at += (size_t)w;
@@ -234,6 +249,25 @@ static int blob_list(char *buf, size_t len, const char *cmd, struct gpucr_phys *
     return snprintf(buf + at, len - at, "]}") < (int)(len - at) ? 0 : -1;
 }
 
+/* Tells the helper to let go of its handle of p; no answer is sent back. */
+static void forget_locked(struct gpucr_phys *p)
+{
+    char msg[96];
+    p->flags &= ~(unsigned)PHYS_HELPER_HELD;
+    if (sock < 0)
+        return; /* a new connection holds nothing */
+    snprintf(msg, sizeof msg, "{\"cmd\": \"forget\", \"id\": %llu}", (unsigned long long)p->vhandle);
+    if (send_msg(msg, NULL, 0) != 0)
+        disconnect(); /* the helper lets go of everything of a closed connection */
+}
+
+static void forget(struct gpucr_phys *p)
+{
+    pthread_mutex_lock(&mu);
+    forget_locked(p);
+    pthread_mutex_unlock(&mu);
+}
+
 CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st)
 {
     static char msg[MSG_MAX];
@@ -247,17 +281,21 @@ CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_co
     for (size_t b = 0; b < n; b += BATCH) {
         size_t k = n - b < BATCH ? n - b : BATCH, made = 0;
         CUresult r = CUDA_SUCCESS;
-        for (; made < k; made++) {
+        for (size_t i = 0; i < k && r == CUDA_SUCCESS; i++) {
             int fd = -1;
-            if ((r = D.cuMemExportToShareableHandle(&fd, p[b + made]->rhandle,
-                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) != CUDA_SUCCESS)
-                break;
-            fds[made] = fd;
+            if (p[b + i]->flags & PHYS_HELPER_HELD)
+                continue; /* the helper has its own handle */
+            if ((r = D.cuMemExportToShareableHandle(&fd, p[b + i]->rhandle,
+                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) == CUDA_SUCCESS)
+                fds[made++] = fd;
         }
         int ok = r == CUDA_SUCCESS && blob_list(msg, sizeof msg, "out", p + b, k) == 0 &&
-                 call(msg, fds, (int)k, reply, sizeof reply, NULL, 0, NULL) == 0;
+                 call(msg, fds, (int)made, reply, sizeof reply, NULL, 0, NULL) == 0;
         for (size_t i = 0; i < made; i++)
             close(fds[i]);
+        if (ok) /* the helper let go of its handles of these */
+            for (size_t i = 0; i < k; i++)
+                p[b + i]->flags &= ~(unsigned)PHYS_HELPER_HELD;
         if (!ok) {
             if (r != CUDA_SUCCESS)
                 fail("exporting an allocation failed (CUDA error %d)", (int)r);
@@ -311,12 +349,14 @@ CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_cop
                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) == CUDA_SUCCESS) {
                 p[b + i]->rhandle = h;
                 p[b + i]->dropped = 2;
+                p[b + i]->flags |= PHYS_HELPER_HELD;
                 done++;
             }
             close(fds[i]);
         }
-        /* the helper lets go of its handles either way */
-        if (call("{\"cmd\": \"in_done\"}", NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0 || r != CUDA_SUCCESS) {
+        /* the helper keeps its handles of what was imported, drops the rest */
+        if (call(r == CUDA_SUCCESS ? "{\"cmd\": \"in_done\", \"keep\": true}" : "{\"cmd\": \"in_done\", \"keep\": false}",
+                 NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0 || r != CUDA_SUCCESS) {
             if (r != CUDA_SUCCESS)
                 fail("importing an allocation failed (CUDA error %d)", (int)r);
             goto out;
@@ -329,6 +369,8 @@ out:
             if (p[i]->dropped == 2) {
                 D.cuMemRelease(p[i]->rhandle);
                 p[i]->dropped = 1;
+                if (p[i]->flags & PHYS_HELPER_HELD)
+                    forget_locked(p[i]);
                 done--;
             }
     pthread_mutex_unlock(&mu);

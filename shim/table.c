@@ -146,11 +146,15 @@ struct gpucr_phys *gpucr_phys_get(uint64_t vhandle)
     return u64map_get(&phys, vhandle, &v) ? (struct gpucr_phys *)(uintptr_t)v : NULL;
 }
 
+void (*gpucr_phys_on_forget)(struct gpucr_phys *);
+
 void gpucr_phys_del(uint64_t vhandle)
 {
     struct gpucr_phys *p = gpucr_phys_get(vhandle);
     if (!p)
         return;
+    if ((p->flags & PHYS_HELPER_HELD) && gpucr_phys_on_forget)
+        gpucr_phys_on_forget(p);
     u64map_del(&phys, vhandle);
     free(p);
 }
