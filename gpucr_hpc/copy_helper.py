@@ -34,6 +34,7 @@ import json
 import mmap
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -375,3 +376,17 @@ def serve(path: Path, ready=None) -> None:
     while True:
         conn, _ = srv.accept()
         threading.Thread(target=Client(gpu, conn).serve, daemon=True).start()
+
+
+def spawn(path: Path, timeout: float = 60.0) -> subprocess.Popen:
+    """`gpucr-hpc copy-helper --socket path` in the background, once it listens."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path)])
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if h.poll() is not None or time.monotonic() > deadline:
+            h.kill()
+            raise GpucrError(f"the copy helper did not start (exit {h.poll()})", "see its message above")
+        time.sleep(0.1)
+    return h

@@ -30,7 +30,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -40,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_shim_vs_driver as bench  # noqa: E402
 from bench_shim_vs_driver import process_cr, ShimClient, smi  # noqa: E402
 from datapath_tune import knob_env  # noqa: E402
+from gpucr_hpc import copy_helper  # noqa: E402
 
 
 def parse_config(spec: str) -> tuple[str, dict]:
@@ -48,18 +48,6 @@ def parse_config(spec: str) -> tuple[str, dict]:
 
 
 HELPER_SOCKET = "/tmp/gpucr-ab-copy-helper.sock"
-
-
-def start_helper() -> subprocess.Popen:
-    """`gpucr-hpc copy-helper` on HELPER_SOCKET, once it listens."""
-    Path(HELPER_SOCKET).unlink(missing_ok=True)
-    h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", HELPER_SOCKET])
-    deadline = time.monotonic() + 60
-    while not Path(HELPER_SOCKET).exists():
-        if h.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("datapath_ab: the copy helper did not start")
-        time.sleep(0.1)
-    return h
 
 
 def one_cycle(pid: int, run_dir: Path, prefill: bool = False) -> dict:
@@ -103,7 +91,7 @@ def main() -> int:
     prefill = set(args.prefill_config)
     if not configs:
         raise SystemExit("datapath_ab: no configuration (--config, --helper-config, --prefill-config)")
-    helper = start_helper() if args.helper_config or args.prefill_config else None
+    helper = copy_helper.spawn(HELPER_SOCKET) if args.helper_config or args.prefill_config else None
     name, driver = smi("name,driver_version")
     res = {"device": name, "driver": driver, "cpus": len(os.sched_getaffinity(0)), "gib": args.gib,
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -221,6 +221,33 @@ static const char *uuid_of(int dev, int may_ask)
     return uuids[dev][0] ? uuids[dev] : NULL;
 }
 
+/* At start-up, once the arena exists: the helper maps and pins every segment
+ * now, so that no checkpoint pays for it. Seconds taken into *secs. */
+int gpucr_helper_share_arena(double *secs)
+{
+    char msg[256], reply[1024];
+    int rc = 0;
+    double t0 = gpucr_now();
+    gpucr_table_lock(); /* disconnect() walks the table */
+    pthread_mutex_lock(&mu);
+    if (connect_helper() != 0)
+        rc = -1;
+    for (int seg = 0; rc == 0 && seg < gpucr_arena_segments() && seg < MAX_SEGS; seg++) {
+        int fd;
+        size_t size;
+        unsigned gen;
+        if (gpucr_arena_segment(seg, &fd, &size, &gen) != 0 || sent_gen[seg] == gen + 1)
+            continue;
+        snprintf(msg, sizeof msg, "{\"cmd\": \"segment\", \"seg\": %d, \"size\": %zu, \"gen\": %u}", seg, size, gen);
+        if ((rc = call(msg, &fd, 1, reply, sizeof reply, NULL, 0, NULL)) == 0)
+            sent_gen[seg] = gen + 1;
+    }
+    pthread_mutex_unlock(&mu);
+    gpucr_table_unlock();
+    *secs = gpucr_now() - t0;
+    return rc;
+}
+
 /* One blob as the helper reads it: [id, size, seg, offset, "device uuid", held]. */
 static int put_blob(char *buf, size_t len, size_t *at, const struct gpucr_phys *p, int may_ask)
 {

@@ -106,6 +106,7 @@ int gpucr_helper_enabled(void);
 CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
 CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
 int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n); /* no CUDA call */
+int gpucr_helper_share_arena(double *secs); /* no CUDA call */
 void gpucr_helper_after_fork_child(void);
 const char *gpucr_helper_error(void); /* why its last use failed */
 void gpucr_checkpoint_at_exit(void);
