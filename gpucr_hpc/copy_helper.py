@@ -68,6 +68,8 @@ class Gpu:
             (u,) = self._ok(self.cu.cuDeviceGetUuid(d), "cuDeviceGetUuid")
             self.dev[bytes(u.bytes).hex()] = i
         self.lock = threading.Lock()
+        for uuid in self.dev:  # each GPU's context now: its memory is a start-up cost, not a checkpoint's
+            self.use(uuid)
 
     def _ok(self, result, what: str):
         err, *rest = result if isinstance(result, tuple) else (result,)

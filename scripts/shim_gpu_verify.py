@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 WL = REPO / "tests" / "shim_workloads"
 
-from gpucr_hpc import process_cr  # noqa: E402
+from gpucr_hpc import copy_helper, process_cr  # noqa: E402
 from gpucr_hpc.shim_client import ShimClient  # noqa: E402
 
 
@@ -108,6 +108,9 @@ def other_process_alloc(gib: float) -> dict:
     return {"gib": gib, "ok": "ALLOC_OK" in r.stdout, "stderr_tail": r.stderr[-300:]}
 
 
+HELPER_SOCKET = Path("/tmp/gpucr-verify-copy-helper.sock")
+
+
 def run_workload(name, cmd, extra_env, args, cycles) -> dict:
     steps = cycles * args.steps_per_cycle + 10
     wl_args = [str(steps), str(args.ballast_gib), str(args.pace_ms if "cuda_c" in name else args.pace_ms / 1000)]
@@ -126,6 +129,8 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
     shim_env = dict(env, GPUCR_RUN_DIR=str(run_dir), GPUCR_SHIM=str(REPO / "shim" / "libgpucr-cuda.so"))
     if args.arena:
         shim_env["GPUCR_ARENA_DIR"] = args.arena
+    if args.copy_helper:
+        shim_env["GPUCR_COPY_HELPER"] = str(HELPER_SOCKET)
     proc = Proc([sys.executable, "-m", "gpucr_hpc", "run", "--"] + cmd + wl_args, shim_env)
     pid = proc.p.pid
     cyc = []
@@ -140,12 +145,17 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
                 res["error"] = f"no progress before cycle {c}: {proc.err[-800:]}"
                 break
             entry = {"cycle": c, "step_at_checkpoint": proc.steps()}
+            if args.copy_helper and c == args.kill_helper_at:
+                args.helper.kill()  # the helper dies: the shim must go on without it
+                args.helper.wait()
+                entry["helper_killed"] = True
             entry["used_mib_before"] = gpu_used_mib()
             st = ShimClient(pid, run_dir).status()
             entry["tracked_gpu_bytes"] = st["gpu_bytes"]
             entry["async_bytes"] = st["async_bytes"]
             cp = process_cr.checkpoint_tree(pid, timeout_ms=20000, run_dir=run_dir)
             entry["checkpoint"] = cp["phases"]
+            entry["checkpoint_path"] = {k: cp["processes"][0].get(k) for k in ("data_path", "helper_fallback")}
             entry["checkpoint_bytes"] = cp["bytes"]
             entry["steps_while_checkpointed_start"] = proc.steps()
             entry["used_mib_after_checkpoint"] = gpu_used_mib()
@@ -154,8 +164,10 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
                 entry["other_process_alloc"] = other_process_alloc(round((total_mib - args.headroom_mib) / 1024, 1))
             time.sleep(0.2)
             entry["steps_while_checkpointed"] = proc.steps() - entry["steps_while_checkpointed_start"]
-            rs = process_cr.restore_tree(pid, run_dir=run_dir)
+            # with the copy helper, every other restore is prefilled
+            rs = process_cr.restore_tree(pid, run_dir=run_dir, prefill=bool(args.copy_helper and c % 2))
             entry["restore"] = rs["phases"]
+            entry["restore_path"] = {k: rs["processes"][0].get(k) for k in ("data_path", "helper_fallback")}
             entry["used_mib_after_restore"] = gpu_used_mib()
             st = ShimClient(pid, run_dir).status()
             entry["arena_bytes"] = st["arena_bytes"]
@@ -182,7 +194,8 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
     res["reference_checksum"] = ref_out[-1] if ref_out else None
     res["shim_checksum"] = shim_out[-1] if shim_out else None
     if cyc:
-        ck["vram_after_checkpoint_le_64MiB"] = all(e["used_mib_after_checkpoint"] <= 64 for e in cyc)
+        # what was in use before any workload (the copy helper's own contexts)
+        ck["vram_after_checkpoint_le_64MiB"] = all(e["used_mib_after_checkpoint"] - args.baseline_mib <= 64 for e in cyc)
         ck["no_progress_while_checkpointed"] = all(e["steps_while_checkpointed"] == 0 for e in cyc)
         if "other_process_alloc" in cyc[0]:
             ck["other_process_allocates_freed_memory"] = cyc[0]["other_process_alloc"]["ok"]
@@ -191,6 +204,16 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
         ck["no_gpu_leak"] = max(after) - min(after) <= 64  # caching allocators may grow a little early on
         ck["no_arena_growth"] = len(set(arena[1:] or arena)) == 1 and all(e["arena_used_after_restore"] == 0 for e in cyc)
         ck["all_cycles_done"] = len(cyc) == cycles
+        if args.copy_helper:
+            alive = [e for e in cyc if e["cycle"] < args.kill_helper_at]
+            dead = [e for e in cyc if e["cycle"] >= args.kill_helper_at]
+            ck["helper_moved_the_data"] = all(e["checkpoint_path"]["data_path"] == "helper" and
+                                              e["restore_path"]["data_path"] == "helper" for e in alive)
+            ck["helper_prefilled"] = any(e["restore"].get("prefill") for e in alive) if len(alive) > 1 else True
+            if dead:
+                ck["without_helper_bounce_path_says_why"] = all(
+                    e["checkpoint_path"]["data_path"] == "bounce" and e["checkpoint_path"]["helper_fallback"]
+                    for e in dead)
         res["max_used_mib_after_checkpoint"] = max(e["used_mib_after_checkpoint"] for e in cyc)
     return res
 
@@ -209,11 +232,28 @@ def main():
     ap.add_argument("--run-dir", default="/tmp/gpucr-verify-run")
     ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--copy-helper", action="store_true",
+                    help="the shim moves the data through `gpucr-hpc copy-helper`, started here")
+    ap.add_argument("--kill-helper-at", type=int, default=1 << 30,
+                    help="with --copy-helper: kill the helper before this cycle (0-based)")
     args = ap.parse_args()
+    args.helper = copy_helper.spawn(HELPER_SOCKET) if args.copy_helper else None
+    args.baseline_mib = gpu_used_mib()
+    try:
+        return verify(args)
+    finally:
+        if args.helper and args.helper.poll() is None:
+            args.helper.kill()
+            args.helper.wait()
+
+
+def verify(args):
     name, driver, total = smi("name,driver_version,memory.total")
     results = {"device": name, "driver": driver, "gpu_memory_mib": int(total),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               "ballast_gib": args.ballast_gib, "workloads": []}
+               "ballast_gib": args.ballast_gib, "copy_helper": args.copy_helper, "used_mib_at_start": args.baseline_mib,
+               "kill_helper_at": args.kill_helper_at if args.copy_helper and args.kill_helper_at < 1 << 30 else None,
+               "workloads": []}
     try:
         import cuda.bindings
         results["cuda_bindings"] = cuda.bindings.__version__
