@@ -162,7 +162,7 @@ class Client:
     def __init__(self, gpu: Gpu, conn: socket.socket):
         self.gpu, self.conn = gpu, conn
         self.segs: dict[int, tuple[int, mmap.mmap, int, int]] = {}  # seg -> (gen, map, addr, size)
-        self.prefill: threading.Thread | None = None
+        self.prefills: list[threading.Thread] = []  # one per prefill request (batch)
         self.made: dict[int, tuple] = {}  # blob id -> (handle, va, size) made for `in`
         self.made_error: str | None = None
         self.handed: dict[int, tuple] = {}  # blob id -> (handle, va, size) sent by `in`
@@ -244,7 +244,7 @@ class Client:
             self.gpu.copy(uuid, made, to_host=False)
 
     def on_prefill(self, req, fds) -> dict:
-        self.wait_prefill()
+        """Answered at once: the driver restore waits for this answer."""
         blobs = req["blobs"]
 
         def run():
@@ -253,14 +253,15 @@ class Client:
             except Exception as e:  # reported to the `in` that waits for it
                 self.made_error = str(e)
 
-        self.prefill = threading.Thread(target=run, daemon=True)
-        self.prefill.start()
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        self.prefills.append(t)
         return {}
 
     def wait_prefill(self) -> None:
-        if self.prefill:
-            self.prefill.join()
-            self.prefill = None
+        for t in self.prefills:
+            t.join()
+        self.prefills = []
 
     def on_in(self, req, fds) -> tuple[dict, list[int]]:
         t0 = time.monotonic()

@@ -342,10 +342,12 @@ int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n)
 {
     static char msg[MSG_MAX];
     char reply[1024];
-    int rc = -1;
     pthread_mutex_lock(&mu);
-    if (n <= BATCH && connect_helper() == 0 && blob_list(msg, sizeof msg, "prefill", p, n) == 0)
-        rc = call(msg, NULL, 0, reply, sizeof reply, NULL, 0, NULL);
+    int rc = connect_helper();
+    for (size_t b = 0; rc == 0 && b < n; b += BATCH) {
+        size_t k = n - b < BATCH ? n - b : BATCH;
+        rc = blob_list(msg, sizeof msg, "prefill", p + b, k) == 0 ? call(msg, NULL, 0, reply, sizeof reply, NULL, 0, NULL) : -1;
+    }
     pthread_mutex_unlock(&mu);
     return rc;
 }

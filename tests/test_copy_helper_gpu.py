@@ -41,6 +41,7 @@ def test_copy_helper_moves_the_data(workload, cuda_bin, tmp_path):  # noqa: F811
 
 
 def test_copy_helper_dies_bounce_path_takes_over(cuda_bin, tmp_path):  # noqa: F811
-    result = verify(tmp_path, cuda_bin, "cuda_c_cudaMalloc", "--kill-helper-at", "2")
+    # slower steps: the program must outlast killing the helper and the cycles after it
+    result = verify(tmp_path, cuda_bin, "cuda_c_cudaMalloc", "--kill-helper-at", "2", "--pace-ms", "100")
     assert result["checks"]["without_helper_bounce_path_says_why"]
     assert result["cycles"][2]["checkpoint_path"]["helper_fallback"]
