@@ -152,9 +152,12 @@ MIGRATION_FILES = [("migrate-gpu-h100-2g.json", "root"),
 
 
 def before_after(d: dict, key: str) -> str:
-    """The file system's rate measured before the scenario / after it ("—" where not measured)."""
-    a, b = get(d, f"{key}.MBps"), get(d, f"{key}_after.MBps")
-    return mbps(a) if b is None and a is None else f"{mbps(a)} / {mbps(b)}"
+    """The file system's rate measured before the scenario / between checkpoint and
+    restore (where measured) / after it ("—" where not measured)."""
+    a, m, b = get(d, f"{key}.MBps"), get(d, f"{key}_between.MBps"), get(d, f"{key}_after.MBps")
+    if a is None and b is None:
+        return MISSING
+    return " / ".join(mbps(v) for v in ((a, m, b) if m is not None else (a, b)))
 
 
 def migration() -> str:
@@ -194,8 +197,8 @@ def migration() -> str:
         ("&nbsp;&nbsp;process gone after", lambda d: s(get(d, "kill.checkpoint.timings.released_s"))),
         ("&nbsp;&nbsp;CRIU files to the image", lambda d: s(get(d, "kill.checkpoint.timings.persist_s"))),
         ("&nbsp;&nbsp;total", lambda d: s(get(d, "kill.checkpoint.timings.total_s"))),
-        ("file system's own write rate there, before / after the scenario", lambda d: before_after(d, "fs_write")),
-        (".h5 write rate / file system's (the faster)", lambda d: vs(d, "h5_write_vs_fs_write")),
+        ("file system's own write rate there, before / [between checkpoint and restore /] after the scenario", lambda d: before_after(d, "fs_write")),
+        (".h5 write rate / file system's (the faster of the two around the write)", lambda d: vs(d, "h5_write_vs_fs_write")),
         ("`restore --from`, wall time", lambda d: s(get(d, "kill.restore.cli_wall_s"))),
         ("&nbsp;&nbsp;checksums verified first", lambda d: s(get(d, "kill.restore.timings.verify_s"))),
         ("&nbsp;&nbsp;CRIU restore", lambda d: s(get(d, "kill.restore.timings.criu_restore_s"))),
@@ -206,9 +209,9 @@ def migration() -> str:
                    f"({mbps(get(d, 'kill.restore.timings.gpu_h5_read_MBps'))})"),
         ("&nbsp;&nbsp;data back to the GPU", lambda d: s(get(d, "kill.restore.timings.gpu_data_s"))),
         ("&nbsp;&nbsp;total", lambda d: s(get(d, "kill.restore.timings.total_s"))),
-        ("file system's own read rate there (page cache dropped), before / after the scenario",
+        ("file system's own read rate there (page cache dropped), before / [between /] after the scenario",
          lambda d: before_after(d, "fs_read")),
-        (".h5 read rate / file system's (the faster)", lambda d: vs(d, "h5_read_vs_fs_read")),
+        (".h5 read rate / file system's (the faster of the two around the read)", lambda d: vs(d, "h5_read_vs_fs_read")),
         ("restored output bit-identical", lambda d: yes(get(d, "checks.kill_restored_bit_identical"))),
         ("image unchanged by the restore", lambda d: yes(get(d, "checks.kill_image_unchanged_by_restore"))),
     ]
