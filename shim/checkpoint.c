@@ -751,6 +751,9 @@ void gpucr_cmd_arena_detach(struct jbuf *out)
         snprintf(why, sizeof why, "detaching the arena failed (%s)", strerror(errno));
         return err(out, why);
     }
+    /* CRIU cannot dump a connection to another process: the helper lets go of
+     * this process's old arena files; a later use connects anew */
+    gpucr_helper_disconnect();
     jb_begin(out);
     jb_bool(out, "ok", 1);
     jb_i64(out, "segments", gpucr_arena_segments());

@@ -409,6 +409,15 @@ out:
     return rc;
 }
 
+void gpucr_helper_disconnect(void)
+{
+    gpucr_table_lock();
+    pthread_mutex_lock(&mu);
+    disconnect();
+    pthread_mutex_unlock(&mu);
+    gpucr_table_unlock();
+}
+
 void gpucr_helper_after_fork_child(void)
 {
     pthread_mutex_init(&mu, NULL);

@@ -24,7 +24,7 @@ REPO = SITE.parent
 RESULTS = REPO / "bench" / "results"
 DOC = SITE / "docs" / "results.md"
 IMG = SITE / "docs" / "img"
-PLOTS = ["shim-vs-driver-h100.png", "steady-state-h100.png", "steady-state-h100-launch-bound.png"]
+PLOTS = ["shim-vs-driver-h100.png", "shim-vs-driver-h100-helper.png", "steady-state-h100.png", "steady-state-h100-launch-bound.png"]
 MISSING = "—"
 
 
@@ -344,8 +344,7 @@ def config_text(cfg: dict) -> str:
     return text
 
 
-def data_path() -> str:
-    name = "shim-vs-driver-h100.json"
+def data_path(name: str = "shim-vs-driver-h100.json") -> str:
     d = load(name)
     raw = d.get("raw_pinned") or {}
     fps = d.get("footprints", [])
@@ -361,6 +360,18 @@ def data_path() -> str:
             f"Raw pinned copy rate, measured in the same run with {raw.get('gib', MISSING)} GiB: "
             f"device to host {gbps(raw.get('d2h_GBps'))}, host to device {gbps(raw.get('h2d_GBps'))}.",
             ""]
+    helper = bool(opt.get("copy_helper"))
+    if helper:
+        paths = [get(c, f"{way}.shim.data_path") for fp in fps
+                 for c in (get(fp, "gpucr.cycles") or []) + (get(fp, "gpucr.prefilled") or []) for way in ("checkpoint", "restore")]
+        head[2] = (f"gpucr-hpc with the copy helper (`GPUCR_COPY_HELPER`): arena in `{opt.get('arena', MISSING)}`, "
+                   f"pinned by the helper once at start-up; the data moved through the helper in "
+                   f"{sum(p == 'helper' for p in paths)} of {len(paths)} checkpoints and restores. "
+                   f"{opt.get('cycles', MISSING)} cycles per footprint restored without prefill (the table shows "
+                   f"the last: each phase on its own), then {opt.get('prefill_cycles', MISSING)} restored with the "
+                   f"prefill (the helper fills the GPU beside the driver restore): their restore total in its own rows. "
+                   f"Raw pinned copy rate, measured in the same run with {raw.get('gib', MISSING)} GiB: "
+                   f"device to host {gbps(raw.get('d2h_GBps'))}, host to device {gbps(raw.get('h2d_GBps'))}.")
     spec = [
         ("GPU data moved", lambda fp, c: MISSING if c.get("bytes") is None
          else f"{gib(c['bytes'])} ({c['bytes'] / 1e9:.1f} GB)"),
@@ -385,6 +396,10 @@ def data_path() -> str:
         ("restore, driver only", lambda fp, c: s(get(fp, "driver_only.restore_s"))),
         ("gpucr-hpc / driver only", lambda fp, c: ratio(get(fp, "ratios.restore_total_vs_driver"))),
         ("first cycle: restore, gpucr-hpc", lambda fp, c: s(get(first_cycle(fp), "restore.total_s"))),
+    ] + ([
+        ("**restore, prefilled** (helper beside the driver restore)", lambda fp, c: s(get(fp, "ratios.restore_prefilled_s"))),
+        ("&nbsp;&nbsp;/ driver only", lambda fp, c: ratio(get(fp, "ratios.restore_prefilled_vs_driver"))),
+    ] if helper else []) + [
         ("**data rate** out (GPU to host), share of raw pinned",
          lambda fp, c: f"{gbps(get(fp, 'ratios.data_out_GBps'))}, {share(get(fp, 'ratios.data_out_vs_raw'))}"),
         ("data rate in (host to GPU), share of raw pinned",
@@ -395,6 +410,9 @@ def data_path() -> str:
         ("**one-time**, at start: arena set-up", lambda fp, c: s(get(fp, "gpucr.one_time.arena_setup_s"))),
         ("&nbsp;&nbsp;create + pre-fault / staging ring",
          lambda fp, c: " / ".join(s(v) for v in setup_parts(fp))),
+    ] + ([
+        ("&nbsp;&nbsp;of which: arena pinned by the copy helper", lambda fp, c: s(get(fp, "gpucr.one_time.helper_setup_s"))),
+    ] if helper else []) + [
         ("arena / staging ring size",
          lambda fp, c: f"{size(get(fp, 'gpucr.one_time.arena_bytes'))} / "
                        f"{size(get(fp, 'gpucr.one_time.staging_bytes'))}"),
@@ -1006,6 +1024,8 @@ BLOCKS = {
     "gpu-remap": gpu_remap,
     "gpu-remap-probe": gpu_remap_probe,
     "data-path": data_path,
+    "data-path-helper": lambda: data_path("shim-vs-driver-h100-helper.json"),
+    "data-path-helper-run2": lambda: data_path("shim-vs-driver-h100-helper-run2.json"),
     "data-path-targets": data_path_targets,
     "data-path-runs": data_path_runs,
     "data-path-ab": data_path_ab,

@@ -1,0 +1,47 @@
+"""The copy helper's CPU-side behaviour (the GPU side: test_copy_helper_gpu.py):
+the shim's prefill command, a bad GPUCR_COPY_HELPER, and the helper command on a
+machine without a usable GPU."""
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from shim_helpers import REPO, shim_env, wait_for
+from test_shim_socket import ask
+
+
+def test_prefill_needs_a_checkpointed_gpu_process(tmp_path):
+    run = tmp_path / "run"
+    p = subprocess.Popen(["sleep", "60"], env=shim_env(run, GPUCR_COPY_HELPER=tmp_path / "none.sock"))
+    try:
+        sock = run / f"{p.pid}.sock"
+        assert wait_for(sock), "no control socket appeared"
+        (running,) = ask(sock, {"cmd": "prefill"})
+        assert not running["ok"] and "not checkpointed" in running["error"]
+        # a CPU process: its checkpoint holds no GPU data, so there is nothing for a helper
+        cp, pre, rs = ask(sock, {"cmd": "checkpoint"}, {"cmd": "prefill"}, {"cmd": "restore"})
+        assert cp["ok"] and not cp["cuda"] and rs["ok"]
+        assert not pre["ok"] and "nothing to prefill" in pre["error"]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_helper_socket_path_too_long_is_one_line_and_ignored(tmp_path):
+    r = subprocess.run(["true"], env=shim_env(tmp_path / "run", GPUCR_COPY_HELPER="/x" * 80),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    lines = [ln for ln in r.stderr.splitlines() if "GPUCR_COPY_HELPER" in ln]
+    assert len(lines) == 1 and "not using a copy helper" in lines[0]
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the helper would start")
+def test_copy_helper_without_a_gpu_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(tmp_path / "h.sock")],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpucr-hpc: error:"), r.stderr
+    assert not (tmp_path / "h.sock").exists()
