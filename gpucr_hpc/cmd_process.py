@@ -226,7 +226,7 @@ def copy_helper(sock):
     """Serve GPU copies for shimmed processes (GPUCR_COPY_HELPER): their GPU data
     moves between the GPU and their arena at the copy engines' full rate, from
     memory pinned here once, not in the process the driver checkpoints. Runs
-    until killed; one per node and user (or one for root)."""
+    until killed; one per node and user (its socket is the user's alone)."""
     from gpucr_hpc import copy_helper as helper
 
     helper.serve(Path(sock), ready=lambda: click.echo(f"gpucr-hpc copy-helper: serving on {sock}", err=True))

@@ -43,6 +43,15 @@ static void err(struct jbuf *out, const char *msg)
     jb_end(out);
 }
 
+/* {"ok": true, key: v}: the whole answer of a command with nothing else to say */
+static void ok_with(struct jbuf *out, const char *key, int v)
+{
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_bool(out, key, v);
+    jb_end(out);
+}
+
 static const char *cu_name(CUresult r)
 {
     static char buf[32];
@@ -441,11 +450,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     if (!gpucr_driver_loaded()) { /* a CPU process: nothing on the GPU */
         state = ST_CHECKPOINTED;
         state_cuda = 0;
-        jb_begin(out);
-        jb_bool(out, "ok", 1);
-        jb_bool(out, "cuda", 0);
-        jb_end(out);
-        return;
+        return ok_with(out, "cuda", 0);
     }
     if (refusal(why, sizeof why))
         return err(out, why);
@@ -578,11 +583,7 @@ void gpucr_cmd_restore(struct jbuf *out)
     double t0 = gpucr_now();
     if (!state_cuda) {
         state = ST_RUNNING;
-        jb_begin(out);
-        jb_bool(out, "ok", 1);
-        jb_bool(out, "cuda", 0);
-        jb_end(out);
-        return;
+        return ok_with(out, "cuda", 0);
     }
     struct work w = {0, 0, 0};
     CUresult rc = CUDA_SUCCESS;
@@ -677,11 +678,7 @@ void gpucr_cmd_prefill(struct jbuf *out)
     if (state != ST_CHECKPOINTED || !state_cuda)
         return err(out, "not checkpointed: nothing to prefill");
     if (!gpucr_helper_enabled() || gpucr_arena_detached()) {
-        jb_begin(out);
-        jb_bool(out, "ok", 1);
-        jb_bool(out, "prefill", 0);
-        jb_end(out);
-        return;
+        return ok_with(out, "prefill", 0);
     }
     struct work w = {0, 0, 0};
     gpucr_table_lock();
@@ -689,10 +686,7 @@ void gpucr_cmd_prefill(struct jbuf *out)
     int started = w.n && gpucr_helper_prefill(w.p, w.n) == 0;
     gpucr_table_unlock();
     free(w.p);
-    jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_bool(out, "prefill", started);
-    jb_end(out);
+    ok_with(out, "prefill", started);
 }
 
 /* ---- migration: the arena out of the address space and back -------------- */
