@@ -108,8 +108,7 @@ class Gpu:
             acc.flags = self.cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
             self._ok(self.cu.cuMemSetAccess(va, size, [acc], 1), "cuMemSetAccess")
         except CudaError:
-            self.cu.cuMemUnmap(va, size)
-            self.cu.cuMemAddressFree(va, size)
+            self._unmap(va, size)
             raise
         return int(va)
 
@@ -287,6 +286,8 @@ class Client:
 
     def on_in_done(self, req, fds) -> dict:
         if req and req.get("keep"):
+            # a restore retried after one that failed in the process: the old one goes
+            self.let_go(self.kept.pop(i) for i in self.handed.keys() & self.kept.keys())
             self.kept.update(self.handed)
         else:
             self.let_go(self.handed.values())

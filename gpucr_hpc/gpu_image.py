@@ -449,14 +449,16 @@ def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block
     payload = sorted((off, size_, host) for off, host, size_ in jobs)  # as _payload makes it
     aligned = block_bytes % DIRECT_ALIGN == 0 and min(COPY_CHUNK, block_bytes) % DIRECT_ALIGN == 0
     dfd = _open_direct(path) if aligned else None
+    cached = threading.Event()  # some read went through the page cache after all
 
     def read(buf, start: int, n: int) -> None:
-        if dfd is not None:
+        if dfd is not None and not cached.is_set():
             try:
                 return _pread_direct(dfd, buf, start, n)
             except OSError as e:  # a file system that took the flag but not the read
                 if e.errno != errno.EINVAL:
                     raise
+                cached.set()
         _pread_all(fd, buf, start, n)
 
     def chunk(buf, start: int, n: int) -> int:
@@ -475,4 +477,4 @@ def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block
     bad = next((i for i, (g, w) in enumerate(zip(got, digests)) if g != w), None)
     if bad is not None:
         raise ValueError(f"checksum mismatch in {path.name}, block {bad} (corrupt image)")
-    return total, dfd is not None
+    return total, dfd is not None and not cached.is_set()

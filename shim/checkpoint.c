@@ -59,9 +59,14 @@ static const char *cu_name(CUresult r)
     return buf;
 }
 
-/* how the bounce path moved the data (the knobs of datapath.c) */
-static void jb_copy_mode(struct jbuf *out, const struct gpucr_copy_stats *cs)
+/* how the data moved: through the copy helper (helped), or else by this process,
+ * then why not through a configured helper, and the knobs of datapath.c */
+static void jb_data_path(struct jbuf *out, int helped, size_t n, const struct gpucr_copy_stats *cs)
 {
+    jb_str(out, "data_path", helped ? "helper" : cs->bounce ? "bounce" : "direct");
+    if (!helped && n && gpucr_helper_enabled())
+        jb_str(out, "helper_fallback", gpucr_helper_error());
+    jb_i64(out, "copy_threads", cs->threads);
     if (!cs->bounce)
         return;
     jb_str(out, "copy_stores", cs->streaming ? "streaming" : "cached");
@@ -556,12 +561,8 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_f64(out, "prepare_s", tc - t1);
     jb_f64(out, "copy_s", cs.seconds);
     jb_f64(out, "release_s", t2 - tr);
-    jb_str(out, "data_path", helped ? "helper" : cs.bounce ? "bounce" : "direct");
-    if (!helped && w.n && gpucr_helper_enabled())
-        jb_str(out, "helper_fallback", gpucr_helper_error());
+    jb_data_path(out, helped, n, &cs);
     jb_bool(out, "arena_pinned", gpucr_pin_arena); /* then arena_detach needs CUDA */
-    jb_i64(out, "copy_threads", cs.threads);
-    jb_copy_mode(out, &cs);
     jb_u64(out, "bytes", bytes);
     jb_u64(out, "allocations", n);
     jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() - reg0 + cs.setup_s);
@@ -635,6 +636,8 @@ void gpucr_cmd_restore(struct jbuf *out)
             if (w.p[i]->dropped == 2) {
                 D.cuMemRelease(w.p[i]->rhandle);
                 w.p[i]->dropped = 1;
+                if (w.p[i]->flags & PHYS_HELPER_HELD)
+                    gpucr_helper_forget(w.p[i]); /* the helper's handle of it too */
             }
         gpucr_table_unlock();
         free(w.p);
@@ -663,11 +666,7 @@ void gpucr_cmd_restore(struct jbuf *out)
     /* data_s = re-create + map physical memory, then copy */
     jb_f64(out, "create_s", tc - t0);
     jb_f64(out, "copy_s", cs.seconds);
-    jb_str(out, "data_path", helped ? "helper" : cs.bounce ? "bounce" : "direct");
-    if (!helped && w.n && gpucr_helper_enabled())
-        jb_str(out, "helper_fallback", gpucr_helper_error());
-    jb_i64(out, "copy_threads", cs.threads);
-    jb_copy_mode(out, &cs);
+    jb_data_path(out, helped, w.n, &cs);
     jb_f64(out, "arena_setup_s", cs.setup_s);
     jb_u64(out, "bytes", last_bytes);
     jb_end(out);

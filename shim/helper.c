@@ -46,7 +46,6 @@ static int enabled = -1; /* GPUCR_COPY_HELPER read once */
 static char path[108];
 static unsigned sent_gen[MAX_SEGS]; /* the segment generation the helper has, +1 */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static void forget(struct gpucr_phys *p);
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void fail(const char *fmt, ...)
@@ -68,7 +67,7 @@ int gpucr_helper_enabled(void)
         if (enabled) {
             snprintf(path, sizeof path, "%s", v);
             gpucr_arena_keep_fds();
-            gpucr_phys_on_forget = forget;
+            gpucr_phys_on_forget = gpucr_helper_forget;
         } else if (v && *v)
             fprintf(stderr, "gpucr: GPUCR_COPY_HELPER=%s is longer than a socket path may be; not using a copy helper\n", v);
     }
@@ -180,29 +179,37 @@ static int call(const char *json, const int *fds, int nfds, char *reply, size_t 
     return 0;
 }
 
+/* The helper maps and pins arena segment seg, unless it has it as it is now. */
+static int send_segment(int seg, int fd, size_t size, unsigned gen)
+{
+    char msg[256], reply[1024];
+    if (sent_gen[seg] == gen + 1)
+        return 0;
+    snprintf(msg, sizeof msg, "{\"cmd\": \"segment\", \"seg\": %d, \"size\": %zu, \"gen\": %u}", seg, size, gen);
+    if (call(msg, &fd, 1, reply, sizeof reply, NULL, 0, NULL) != 0)
+        return -1;
+    sent_gen[seg] = gen + 1;
+    return 0;
+}
+
 /* The helper has every segment that holds one of the blobs, as it is now. */
 static int send_segments(struct gpucr_phys *const *p, size_t n, double *setup_s)
 {
-    char msg[256], reply[1024];
-    for (size_t i = 0; i < n; i++) {
+    double t0 = gpucr_now();
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
         int seg, fd;
         size_t off, size;
         unsigned gen;
         if (gpucr_arena_locate(p[i]->host, &seg, &off) != 0 || seg >= MAX_SEGS ||
             gpucr_arena_segment(seg, &fd, &size, &gen) != 0) {
             fail("arena segment %d has no descriptor to share", seg);
-            return -1;
-        }
-        if (sent_gen[seg] == gen + 1)
-            continue;
-        double t0 = gpucr_now();
-        snprintf(msg, sizeof msg, "{\"cmd\": \"segment\", \"seg\": %d, \"size\": %zu, \"gen\": %u}", seg, size, gen);
-        if (call(msg, &fd, 1, reply, sizeof reply, NULL, 0, NULL) != 0)
-            return -1;
-        sent_gen[seg] = gen + 1;
-        *setup_s += gpucr_now() - t0;
+            rc = -1;
+        } else
+            rc = send_segment(seg, fd, size, gen);
     }
-    return 0;
+    *setup_s += gpucr_now() - t0;
+    return rc;
 }
 
 /* The UUID of a device, as hex: asked of the driver while the process runs
@@ -225,22 +232,16 @@ static const char *uuid_of(int dev, int may_ask)
  * now, so that no checkpoint pays for it. Seconds taken into *secs. */
 int gpucr_helper_share_arena(double *secs)
 {
-    char msg[256], reply[1024];
-    int rc = 0;
     double t0 = gpucr_now();
     gpucr_table_lock(); /* disconnect() walks the table */
     pthread_mutex_lock(&mu);
-    if (connect_helper() != 0)
-        rc = -1;
+    int rc = connect_helper();
     for (int seg = 0; rc == 0 && seg < gpucr_arena_segments() && seg < MAX_SEGS; seg++) {
         int fd;
         size_t size;
         unsigned gen;
-        if (gpucr_arena_segment(seg, &fd, &size, &gen) != 0 || sent_gen[seg] == gen + 1)
-            continue;
-        snprintf(msg, sizeof msg, "{\"cmd\": \"segment\", \"seg\": %d, \"size\": %zu, \"gen\": %u}", seg, size, gen);
-        if ((rc = call(msg, &fd, 1, reply, sizeof reply, NULL, 0, NULL)) == 0)
-            sent_gen[seg] = gen + 1;
+        if (gpucr_arena_segment(seg, &fd, &size, &gen) == 0)
+            rc = send_segment(seg, fd, size, gen);
     }
     pthread_mutex_unlock(&mu);
     gpucr_table_unlock();
@@ -288,7 +289,7 @@ static void forget_locked(struct gpucr_phys *p)
         disconnect(); /* the helper lets go of everything of a closed connection */
 }
 
-static void forget(struct gpucr_phys *p)
+void gpucr_helper_forget(struct gpucr_phys *p)
 {
     pthread_mutex_lock(&mu);
     forget_locked(p);

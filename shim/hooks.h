@@ -109,6 +109,7 @@ int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n); /* no CUDA call
 int gpucr_helper_share_arena(double *secs); /* no CUDA call */
 void gpucr_helper_after_fork_child(void);
 void gpucr_helper_disconnect(void); /* before CRIU dumps the process (arena_detach) */
+void gpucr_helper_forget(struct gpucr_phys *p); /* the helper lets go of its handle of p */
 const char *gpucr_helper_error(void); /* why its last use failed */
 void gpucr_checkpoint_at_exit(void);
 
