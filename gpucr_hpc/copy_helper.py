@@ -12,7 +12,7 @@ held], held when this helper made it and keeps a handle to it:
 
   segment  {seg, size, gen} + the segment's descriptor: map and pin it
   out      {blobs} + one exported allocation per blob not held: copy each into
-           its arena place, then let go of it (held ones too)
+           its arena place, answer, then let go of it (held ones too)
   prefill  {blobs}: start making and filling those allocations now (while the
            driver restores the process), answer at once
   in       {blobs}: the allocations (prefilled, or made now), filled from the
@@ -22,7 +22,9 @@ held], held when this helper made it and keeps a handle to it:
            `out` copies through ours), or let go (keep false)
   forget   {id}: the process freed that allocation: let go of it (no answer)
 
-Every answer is {"ok": true, ...} or {"ok": false, "error": ...}; an error
+Every answer is {"ok": true, ...} or {"ok": false, "error": ...}; the `out`
+and `in` answers time their steps ("map_s": seconds, ...), which the shim adds
+up into its reply's helper_steps. An error
 leaves the process's data where it was (the shim then uses its own path).
 A closed connection lets go of everything of that process.
 """
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from gpucr_hpc.driver_nvidia import load_bindings
@@ -51,6 +54,23 @@ STREAMS = 2
 
 class CudaError(Exception):
     pass
+
+
+class Steps(dict):
+    """Seconds per step of one request, by name; the shim adds them up and
+    reports them (helper_steps), so that a slow copy says where its time went."""
+
+    @contextmanager
+    def timed(self, name: str):
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self[name] = self.get(name, 0.0) + time.monotonic() - t0
+
+    def merge(self, other: dict, prefix: str = "") -> None:
+        for k, v in other.items():
+            self[prefix + k] = self.get(prefix + k, 0.0) + v
 
 
 class Gpu:
@@ -68,6 +88,7 @@ class Gpu:
             (u,) = self._ok(self.cu.cuDeviceGetUuid(d), "cuDeviceGetUuid")
             self.dev[bytes(u.bytes).hex()] = i
         self.lock = threading.Lock()
+        self.turn = 0  # the stream the next chunk goes on
         for uuid in self.dev:  # each GPU's context now: its memory is a start-up cost, not a checkpoint's
             self.use(uuid)
 
@@ -98,39 +119,54 @@ class Gpu:
     def unregister(self, addr: int) -> None:
         self.cu.cuMemHostUnregister(addr)
 
-    def _map(self, handle, size: int, ordinal: int) -> int:
-        (va,) = self._ok(self.cu.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
-        try:
-            self._ok(self.cu.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
-            acc = self.cu.CUmemAccessDesc()
-            acc.location.type = self.cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            acc.location.id = ordinal
-            acc.flags = self.cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            self._ok(self.cu.cuMemSetAccess(va, size, [acc], 1), "cuMemSetAccess")
-        except CudaError:
-            self._unmap(va, size)
-            raise
-        return int(va)
+    def _set_access(self, va: int, size: int, ordinal: int) -> None:
+        acc = self.cu.CUmemAccessDesc()
+        acc.location.type = self.cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        acc.location.id = ordinal
+        acc.flags = self.cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self._ok(self.cu.cuMemSetAccess(va, size, [acc], 1), "cuMemSetAccess")
 
     def _unmap(self, va: int, size: int) -> None:
         self.cu.cuMemUnmap(va, size)
         self.cu.cuMemAddressFree(va, size)
 
-    def copy(self, uuid: str, pieces: list[tuple[int, int, int]], to_host: bool) -> None:
-        """(device address, host address, size) pieces, in CHUNK DMAs over the streams."""
+    def reserve_map(self, handle, size: int) -> int:
+        """A new address range with handle mapped there, not yet accessible
+        (enqueue() opens it a chunk at a time, each just before its copy)."""
+        (va,) = self._ok(self.cu.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
+        try:
+            self._ok(self.cu.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
+        except CudaError:
+            self.cu.cuMemAddressFree(va, size)
+            raise
+        return int(va)
+
+    def enqueue(self, uuid: str, dva: int, host: int, size: int, to_host: bool, steps: Steps,
+                open_for: int | None = None) -> None:
+        """Asynchronous copies of one allocation in CHUNK DMAs over the streams.
+        open_for: the GPU ordinal to make each chunk accessible to first, so
+        that the first DMA starts before a large allocation is all set up."""
         streams = self.streams[uuid]
-        k = 0
-        for dva, host, size in pieces:
-            for off in range(0, size, CHUNK):
-                n = min(CHUNK, size - off)
-                s = streams[k % len(streams)]
-                k += 1
-                if to_host:
-                    self._ok(self.cu.cuMemcpyDtoHAsync(host + off, dva + off, n, s), "cuMemcpyDtoHAsync")
-                else:
-                    self._ok(self.cu.cuMemcpyHtoDAsync(dva + off, host + off, n, s), "cuMemcpyHtoDAsync")
-        for s in streams:
+        for off in range(0, size, CHUNK):
+            n = min(CHUNK, size - off)
+            if open_for is not None:
+                with steps.timed("access_s"):
+                    self._set_access(dva + off, n, open_for)
+            s = streams[self.turn % len(streams)]
+            self.turn += 1
+            if to_host:
+                self._ok(self.cu.cuMemcpyDtoHAsync(host + off, dva + off, n, s), "cuMemcpyDtoHAsync")
+            else:
+                self._ok(self.cu.cuMemcpyHtoDAsync(dva + off, host + off, n, s), "cuMemcpyHtoDAsync")
+
+    def sync(self, uuid: str) -> None:
+        for s in self.streams[uuid]:
             self._ok(self.cu.cuStreamSynchronize(s), "cuStreamSynchronize")
+
+    def settle(self, uuid: str) -> None:
+        """After a failure: wait for copies in flight before their memory goes."""
+        for s in self.streams.get(uuid, []):
+            self.cu.cuStreamSynchronize(s)
 
     def import_fd(self, fd: int):
         t = self.cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -164,6 +200,9 @@ class Client:
         self.prefills: list[threading.Thread] = []  # one per prefill request (batch)
         self.made: dict[int, tuple] = {}  # blob id -> (handle, va, size) made for `in`
         self.made_error: str | None = None
+        self.lock = threading.Lock()
+        self.prefill_steps = Steps()  # of the prefills since the last `in`
+        self.after_answer: list[tuple] = []  # (handle, va, size) to let go once answered
         self.handed: dict[int, tuple] = {}  # blob id -> (handle, va, size) sent by `in`
         self.kept: dict[int, tuple] = {}  # the same, imported by the process: ours too
 
@@ -204,53 +243,79 @@ class Client:
         missing = [int(b[0]) for b in blobs if int(b[5]) and int(b[0]) not in self.kept]
         if missing:
             raise CudaError(f"allocations {missing} are not held here")
-        t0, moved = time.monotonic(), 0
+        t0, moved, steps = time.monotonic(), 0, Steps()
         for uuid, group in self.by_device(blobs):
             ordinal = self.gpu.use(uuid)
             held = []
             try:
+                # each allocation's copies start as soon as it is mapped: the
+                # next one is imported and mapped while they run
                 for b in group:
+                    size, opened = int(b[1]), None
                     if int(b[5]):
-                        held.append(self.kept.pop(int(b[0])))
+                        h, va, size = self.kept.pop(int(b[0]))
                     else:
-                        h = self.gpu.import_fd(fd_of[int(b[0])])
-                        held.append((h, self.gpu._map(h, int(b[1]), ordinal), int(b[1])))
-                self.gpu.copy(uuid, [(va, self.host(int(b[2]), int(b[3]), size), size)
-                                     for (_, va, size), b in zip(held, group)], to_host=True)
-                moved += sum(size for _, _, size in held)
-            finally:
-                for h, va, size in held:
-                    self.gpu._unmap(va, size)
-                    self.gpu.release(h)
-        return {"bytes": moved, "seconds": time.monotonic() - t0}
+                        with steps.timed("import_s"):
+                            h = self.gpu.import_fd(fd_of[int(b[0])])
+                        try:
+                            with steps.timed("map_s"):
+                                va = self.gpu.reserve_map(h, size)
+                        except CudaError:
+                            self.gpu.release(h)
+                            raise
+                        opened = ordinal
+                    held.append((h, va, size))
+                    self.gpu.enqueue(uuid, va, self.host(int(b[2]), int(b[3]), size), size, True, steps, opened)
+                with steps.timed("wait_s"):
+                    self.gpu.sync(uuid)
+            except BaseException:
+                self.gpu.settle(uuid)
+                self.let_go(held)
+                raise
+            moved += sum(size for _, _, size in held)
+            # the data is in the arena: answer first, let go of the mappings
+            # while the process releases its own (before the next request)
+            self.after_answer.extend(held)
+        return {"bytes": moved, "seconds": time.monotonic() - t0, **steps}
 
-    def make(self, blobs) -> None:
-        """Create and fill the allocations of these blobs (for `in`)."""
+    def make(self, blobs, steps: Steps) -> None:
+        """Create and fill the allocations of these blobs (for `in`); each one's
+        copies start as soon as it is mapped, while the next one is created."""
         for uuid, group in self.by_device(blobs):
             ordinal = self.gpu.use(uuid)
-            made = []
-            for b in group:
-                if int(b[0]) in self.made:
-                    continue
-                h = self.gpu.create(int(b[1]), ordinal)
-                try:
-                    va = self.gpu._map(h, int(b[1]), ordinal)
-                except CudaError:
-                    self.gpu.release(h)
-                    raise
-                self.made[int(b[0])] = (h, va, int(b[1]))
-                made.append((va, self.host(int(b[2]), int(b[3]), int(b[1])), int(b[1])))
-            self.gpu.copy(uuid, made, to_host=False)
+            try:
+                for b in group:
+                    if int(b[0]) in self.made:
+                        continue
+                    size = int(b[1])
+                    with steps.timed("create_s"):
+                        h = self.gpu.create(size, ordinal)
+                    try:
+                        with steps.timed("map_s"):
+                            va = self.gpu.reserve_map(h, size)
+                    except CudaError:
+                        self.gpu.release(h)
+                        raise
+                    self.made[int(b[0])] = (h, va, size)
+                    self.gpu.enqueue(uuid, va, self.host(int(b[2]), int(b[3]), size), size, False, steps, ordinal)
+                with steps.timed("wait_s"):
+                    self.gpu.sync(uuid)
+            except BaseException:
+                self.gpu.settle(uuid)
+                raise
 
     def on_prefill(self, req, fds) -> dict:
         """Answered at once: the driver restore waits for this answer."""
         blobs = req["blobs"]
 
         def run():
+            steps = Steps()
             try:
-                self.make(blobs)
+                self.make(blobs, steps)
             except Exception as e:  # reported to the `in` that waits for it
                 self.made_error = str(e)
+            with self.lock:
+                self.prefill_steps.merge(steps, "prefill_")
 
         t = threading.Thread(target=run, daemon=True)
         t.start()
@@ -263,26 +328,33 @@ class Client:
         self.prefills = []
 
     def on_in(self, req, fds) -> tuple[dict, list[int]]:
-        t0 = time.monotonic()
-        self.wait_prefill()
-        waited = time.monotonic() - t0
+        t0, steps = time.monotonic(), Steps()
+        with steps.timed("prefill_wait_s"):
+            self.wait_prefill()
+        steps.merge(self.prefill_steps)
+        self.prefill_steps = Steps()
         if self.made_error:
             err, self.made_error = self.made_error, None
             self.drop_made()
             raise CudaError(err)
         blobs = req["blobs"]
-        self.make(blobs)  # whatever the prefill did not make
+        try:
+            self.make(blobs, steps)  # whatever the prefill did not make
+        except BaseException:
+            self.drop_made()  # half-filled: a retry makes them again
+            raise
         out = []
         try:
-            for b in blobs:
-                h, va, size = self.made.pop(int(b[0]))
-                self.handed[int(b[0])] = (h, va, size)
-                out.append(self.gpu.export_fd(h))
+            with steps.timed("export_s"):
+                for b in blobs:
+                    h, va, size = self.made.pop(int(b[0]))
+                    self.handed[int(b[0])] = (h, va, size)
+                    out.append(self.gpu.export_fd(h))
         except Exception:
             for fd in out:
                 os.close(fd)
             raise
-        return {"seconds": time.monotonic() - t0, "waited_for_prefill_s": waited}, out
+        return {"seconds": time.monotonic() - t0, **steps}, out
 
     def on_in_done(self, req, fds) -> dict:
         if req and req.get("keep"):
@@ -309,6 +381,8 @@ class Client:
         self.made = {}
 
     def close(self) -> None:
+        self.let_go(self.after_answer)
+        self.after_answer = []
         self.wait_prefill()
         self.on_in_done(None, [])
         self.drop_made()
@@ -358,6 +432,8 @@ class Client:
                 finally:
                     for fd in out_fds:
                         os.close(fd)
+                    self.let_go(self.after_answer)
+                    self.after_answer = []
         finally:
             self.close()
 

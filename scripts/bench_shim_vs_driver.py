@@ -127,7 +127,7 @@ def driver_only(args, gib) -> dict:
 
 
 HELPER_SOCKET = Path("/tmp/gpucr-bench-copy-helper.sock")
-SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "helper_fallback", "copy_threads",
+SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "helper_fallback", "helper_steps", "copy_threads",
              "copy_stores", "copy_wait", "arena_setup_s")
 
 

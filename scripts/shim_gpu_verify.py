@@ -155,7 +155,7 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             entry["async_bytes"] = st["async_bytes"]
             cp = process_cr.checkpoint_tree(pid, timeout_ms=20000, run_dir=run_dir)
             entry["checkpoint"] = cp["phases"]
-            entry["checkpoint_path"] = {k: cp["processes"][0].get(k) for k in ("data_path", "helper_fallback")}
+            entry["checkpoint_path"] = {k: cp["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
             entry["checkpoint_bytes"] = cp["bytes"]
             entry["steps_while_checkpointed_start"] = proc.steps()
             entry["used_mib_after_checkpoint"] = gpu_used_mib()
@@ -167,7 +167,7 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             # with the copy helper, every other restore is prefilled
             rs = process_cr.restore_tree(pid, run_dir=run_dir, prefill=bool(args.copy_helper and c % 2))
             entry["restore"] = rs["phases"]
-            entry["restore_path"] = {k: rs["processes"][0].get(k) for k in ("data_path", "helper_fallback")}
+            entry["restore_path"] = {k: rs["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
             entry["used_mib_after_restore"] = gpu_used_mib()
             st = ShimClient(pid, run_dir).status()
             entry["arena_bytes"] = st["arena_bytes"]
@@ -212,6 +212,10 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             dead = [e for e in cyc if e["cycle"] >= args.kill_helper_at]
             ck["helper_moved_the_data"] = all(e["checkpoint_path"]["data_path"] == "helper" and
                                               e["restore_path"]["data_path"] == "helper" for e in alive)
+            # the helper's own timing of its steps reaches the shim's replies
+            ck["helper_steps_reported"] = all(
+                "wait_s" in (e["checkpoint_path"]["helper_steps"] or {}) and
+                {"create_s", "prefill_create_s"} & set(e["restore_path"]["helper_steps"] or {}) for e in alive)
             ck["helper_prefilled"] = any(e["restore"].get("prefill") for e in alive) if len(alive) > 1 else True
             if dead:
                 ck["without_helper_bounce_path_says_why"] = all(

@@ -67,6 +67,12 @@ static void jb_data_path(struct jbuf *out, int helped, size_t n, const struct gp
     if (!helped && n && gpucr_helper_enabled())
         jb_str(out, "helper_fallback", gpucr_helper_error());
     jb_i64(out, "copy_threads", cs->threads);
+    if (cs->nsteps) {
+        jb_key_obj(out, "helper_steps");
+        for (int i = 0; i < cs->nsteps; i++)
+            jb_f64(out, cs->steps[i].name, cs->steps[i].s);
+        jb_end(out);
+    }
     if (!cs->bounce)
         return;
     jb_str(out, "copy_stores", cs->streaming ? "streaming" : "cached");

@@ -179,6 +179,29 @@ static int call(const char *json, const int *fds, int nfds, char *reply, size_t 
     return 0;
 }
 
+/* Adds the helper's step timings in reply ("name_s": seconds, as Python's json
+ * writes them) to st's, by name. */
+static void add_steps(struct gpucr_copy_stats *st, const char *reply)
+{
+    for (const char *p = reply; (p = strstr(p, "_s\": ")) != NULL; p += 5) {
+        const char *k = p;
+        while (k > reply && k[-1] != '"')
+            k--;
+        size_t len = (size_t)(p + 2 - k);
+        int i = 0;
+        while (i < st->nsteps && (strlen(st->steps[i].name) != len || strncmp(st->steps[i].name, k, len) != 0))
+            i++;
+        if (i == st->nsteps) {
+            if (i == (int)(sizeof st->steps / sizeof st->steps[0]) || len >= sizeof st->steps[0].name)
+                continue;
+            snprintf(st->steps[i].name, sizeof st->steps[i].name, "%.*s", (int)len, k);
+            st->steps[i].s = 0;
+            st->nsteps++;
+        }
+        st->steps[i].s += strtod(p + 5, NULL);
+    }
+}
+
 /* The helper maps and pins arena segment seg, unless it has it as it is now. */
 static int send_segment(int seg, int fd, size_t size, unsigned gen)
 {
@@ -319,6 +342,8 @@ CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_co
         }
         int ok = r == CUDA_SUCCESS && blob_list(msg, sizeof msg, "out", p + b, k) == 0 &&
                  call(msg, fds, (int)made, reply, sizeof reply, NULL, 0, NULL) == 0;
+        if (ok)
+            add_steps(st, reply);
         for (size_t i = 0; i < made; i++)
             close(fds[i]);
         if (ok) /* the helper let go of its handles of these */
@@ -371,6 +396,7 @@ CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_cop
         if (blob_list(msg, sizeof msg, "in", p + b, k) != 0 ||
             call(msg, NULL, 0, reply, sizeof reply, fds, BATCH, &got) != 0)
             goto out;
+        add_steps(st, reply);
         CUresult r = got == (int)k ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
         for (int i = 0; i < got; i++) {
             CUmemGenericAllocationHandle h;

@@ -92,6 +92,13 @@ struct gpucr_copy_stats {
     int bounce, threads;
     int streaming; /* ring <-> arena with non-temporal stores (GPUCR_COPY_NT) */
     int blocking;  /* workers sleep on the DMA events (GPUCR_COPY_WAIT) */
+    /* the copy helper's steps as it timed them ("import_s", "wait_s", ...),
+     * summed over its answers: where a helped copy's time went */
+    int nsteps;
+    struct {
+        char name[32];
+        double s;
+    } steps[16];
 };
 CUresult gpucr_copy(struct gpucr_phys *const *p, size_t n, int to_host, struct gpucr_copy_stats *st);
 CUresult gpucr_staging_setup(void); /* needs a current context */
