@@ -132,7 +132,7 @@ class Gpu:
 
     def reserve_map(self, handle, size: int) -> int:
         """A new address range with handle mapped there, not yet accessible
-        (enqueue() opens it a chunk at a time, each just before its copy)."""
+        (enqueue() opens it just before its copies)."""
         (va,) = self._ok(self.cu.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
         try:
             self._ok(self.cu.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
@@ -144,14 +144,14 @@ class Gpu:
     def enqueue(self, uuid: str, dva: int, host: int, size: int, to_host: bool, steps: Steps,
                 open_for: int | None = None) -> None:
         """Asynchronous copies of one allocation in CHUNK DMAs over the streams.
-        open_for: the GPU ordinal to make each chunk accessible to first, so
-        that the first DMA starts before a large allocation is all set up."""
+        open_for: the GPU ordinal to give access first (the driver takes the
+        whole mapped range at once, not a part of it)."""
+        if open_for is not None:
+            with steps.timed("access_s"):
+                self._set_access(dva, size, open_for)
         streams = self.streams[uuid]
         for off in range(0, size, CHUNK):
             n = min(CHUNK, size - off)
-            if open_for is not None:
-                with steps.timed("access_s"):
-                    self._set_access(dva + off, n, open_for)
             s = streams[self.turn % len(streams)]
             self.turn += 1
             if to_host:

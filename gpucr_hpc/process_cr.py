@@ -202,7 +202,7 @@ def _summary(pid, targets, phases, t0, key) -> dict:
         r = t.result.get(key, {})
         procs.append({"pid": t.pid, "shim": t.shim, "cuda": t.cuda, "bytes": r.get("bytes", 0),
                       **{k: r[k] for k in ("quiesce_s", "data_s", "allocations", "driver_path_bytes", "arena_setup_s",
-                                           "prepare_s", "copy_s", "release_s", "create_s", "data_path", "helper_fallback", "copy_threads",
+                                           "prepare_s", "copy_s", "release_s", "create_s", "data_path", "helper_fallback", "helper_steps", "copy_threads",
                                            "copy_stores", "copy_wait")
                          if k in r}})
     phases["total_s"] = time.monotonic() - t0
