@@ -278,11 +278,14 @@ class Client:
             self.after_answer.extend(held)
         return {"bytes": moved, "seconds": time.monotonic() - t0, **steps}
 
-    def make(self, blobs, steps: Steps) -> None:
+    def make(self, blobs, steps: Steps, wait: bool = True) -> list[str]:
         """Create and fill the allocations of these blobs (for `in`); each one's
-        copies start as soon as it is mapped, while the next one is created."""
+        copies start as soon as it is mapped, while the next one is created.
+        wait False: the copies may still run; the GPUs to sync() are returned."""
+        touched = []
         for uuid, group in self.by_device(blobs):
             ordinal = self.gpu.use(uuid)
+            touched.append(uuid)
             try:
                 for b in group:
                     if int(b[0]) in self.made:
@@ -298,11 +301,13 @@ class Client:
                         raise
                     self.made[int(b[0])] = (h, va, size)
                     self.gpu.enqueue(uuid, va, self.host(int(b[2]), int(b[3]), size), size, False, steps, ordinal)
-                with steps.timed("wait_s"):
-                    self.gpu.sync(uuid)
+                if wait:
+                    with steps.timed("wait_s"):
+                        self.gpu.sync(uuid)
             except BaseException:
                 self.gpu.settle(uuid)
                 raise
+        return touched
 
     def on_prefill(self, req, fds) -> dict:
         """Answered at once: the driver restore waits for this answer."""
@@ -338,22 +343,25 @@ class Client:
             self.drop_made()
             raise CudaError(err)
         blobs = req["blobs"]
-        try:
-            self.make(blobs, steps)  # whatever the prefill did not make
-        except BaseException:
-            self.drop_made()  # half-filled: a retry makes them again
-            raise
         out = []
         try:
+            # whatever the prefill did not make; exported while the copies run
+            touched = self.make(blobs, steps, wait=False)
             with steps.timed("export_s"):
                 for b in blobs:
-                    h, va, size = self.made.pop(int(b[0]))
-                    self.handed[int(b[0])] = (h, va, size)
-                    out.append(self.gpu.export_fd(h))
-        except Exception:
+                    out.append(self.gpu.export_fd(self.made[int(b[0])][0]))
+            with steps.timed("wait_s"):
+                for uuid in touched:
+                    self.gpu.sync(uuid)
+        except BaseException:
+            for uuid in self.gpu.streams:
+                self.gpu.settle(uuid)
             for fd in out:
                 os.close(fd)
+            self.drop_made()  # half-filled: a retry makes them again
             raise
+        for b in blobs:
+            self.handed[int(b[0])] = self.made.pop(int(b[0]))
         return {"seconds": time.monotonic() - t0, **steps}, out
 
     def on_in_done(self, req, fds) -> dict:

@@ -392,8 +392,13 @@ def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None,
     tree = criu_mod.process_tree(restored.host_pid)
     pid_map = {(criu_mod.nspid(p)[-1] if new_ns else p): p for p in tree}
     try:
-        return (migrate_gpu.restore_gpu(m, image, pid_map, plan, check=check),
-                migrate_gpu.placement(m, plan, pid_map))
+        paths: dict[int, str] = {}
+        timings = migrate_gpu.restore_gpu(m, image, pid_map, plan, check=check, data_paths=paths)
+        placed = migrate_gpu.placement(m, plan, pid_map)
+        for proc in placed:
+            if proc["pid"] in paths:
+                proc["data_path"] = paths[proc["pid"]]
+        return timings, placed
     except BaseException as e:
         criu_mod.end_tree(restored.host_pid, restored.launcher)
         if isinstance(e, GpucrError):

@@ -141,6 +141,8 @@ class GpuCheckpoint:
         rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
                "socket": str(socket_path(tg.pid, self.run_dir)) if tg.shim else None}
         reply = tg.result.get("checkpoint", {}) if tg.shim else {}
+        if reply.get("data_path"):  # how the data left the GPU (helper, bounce, direct)
+            rec["data_path"] = reply["data_path"]
         blobs = gpu_image.blobs_from_reply(reply)
         if tg.cuda:
             rec["gpu_uuids"] = self._gpu_uuids(tg.pid, reply)
@@ -266,10 +268,12 @@ def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> 
 
 
 def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
-                plan: gpu_remap.Plan | None = None, check: bool = False) -> dict:
+                plan: gpu_remap.Plan | None = None, check: bool = False,
+                data_paths: dict[int, str] | None = None) -> dict:
     """GPU state of a CRIU-restored tree; pid_map: PID at checkpoint -> PID here;
     plan: onto which GPUs (None: the ones it had); check: the .h5 files were not
-    verified yet, so each block is checked as it is loaded."""
+    verified yet, so each block is checked as it is loaded; data_paths: filled
+    with how each shimmed process's data went back to the GPU, by PID here."""
     timings: dict[str, float] = {}
     recs = m.get("gpu_processes") or []
     cuda = [r for r in recs if r["cuda"]]
@@ -302,7 +306,9 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     t = time.monotonic()
     for r, tg in targets:
         if r["shim"]:
-            _ok(_client(tg.pid, r["socket"]).restore(), tg.pid, "restoring the GPU data")
+            rep = _ok(_client(tg.pid, r["socket"]).restore(), tg.pid, "restoring the GPU data")
+            if data_paths is not None and rep.get("data_path"):
+                data_paths[tg.pid] = rep["data_path"]
     timings["data_s"] = time.monotonic() - t
     timings["gpu_total_s"] = time.monotonic() - t0
     return timings

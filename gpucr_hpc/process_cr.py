@@ -56,8 +56,10 @@ def _driver():
     return _DRIVER
 
 
-def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True):
-    """The targets of PID's tree, and the driver (None when no process needs it)."""
+def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, before_driver=None):
+    """The targets of PID's tree, and the driver (None when no process needs it).
+    before_driver(targets): called once the shims have answered, before the
+    driver API is initialised here (cuInit takes a while in a fresh process)."""
     if not pid_alive(pid):
         raise GpucrError(f"no process {pid}", "check the PID")
     shimmed = set(shimmed_pids(run_dir))
@@ -68,6 +70,8 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True):
             st = ShimClient(p, run_dir).status()
             t.cuda, t.shim_state = bool(st.get("cuda")), st.get("state", "")
         targets.append(t)
+    if before_driver:
+        before_driver(targets)
     unknown = [t for t in targets if not t.shim]
     driver = None
     if need_driver and (unknown or any(t.cuda for t in targets)):
@@ -237,12 +241,17 @@ def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) ->
     shim has a copy helper, the helper fills the GPU beside the driver restore
     (then control_s includes that and data_s is what is left of it)."""
     t0 = time.monotonic()
-    targets, driver = discover(pid, run_dir)
+    phases = {}
+
+    def start_prefill(targets):
+        # as early as possible: the helpers fill while this process initialises
+        # the driver API and the driver restores the processes
+        if prefill and any(t.cuda and t.shim_state == "checkpointed" for t in targets):
+            phases["prefill"] = shim_prefill(targets, run_dir)
+
+    targets, driver = discover(pid, run_dir, before_driver=start_prefill)
     if not any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed") for t in targets):
         raise GpucrError(f"process {pid} is not checkpointed", "nothing to restore")
-    phases = {}
-    if driver and prefill:
-        phases["prefill"] = shim_prefill(targets, run_dir)
     if driver:
         driver_restore(driver, targets)
     phases["control_s"] = time.monotonic() - t0

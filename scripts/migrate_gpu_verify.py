@@ -22,6 +22,7 @@ Writes one JSON (device, timings, checks) and exits non-zero if a check failed.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import json
 import os
@@ -125,7 +126,8 @@ def image_facts(img: Path) -> dict:
     h5 = sorted(img.glob("process-*.h5"))
     facts = {"h5_files": [p.name for p in h5], "gpu_bytes": m.get("gpu_bytes"),
              "criu_bytes": (m.get("criu") or {}).get("bytes"), "total_bytes": m.get("total_bytes"),
-             "gpu_processes": m.get("gpu_processes"), "vendor": m.get("vendor"), "gpu": m.get("gpu")}
+             "gpu_processes": m.get("gpu_processes"), "vendor": m.get("vendor"), "gpu": m.get("gpu"),
+             "data_paths": [r.get("data_path") for r in m.get("gpu_processes") or [] if r.get("shim")]}
     if h5:
         bufs = gpu_image.list_buffers(h5[0])
         facts["h5_allocations"] = len(bufs)
@@ -245,6 +247,9 @@ def checks(res: dict) -> dict:
         ck["kill_h5_holds_gpu_data"] = (img.get("h5_payload_bytes") or 0) >= res["args"]["ballast_gib"] * 2**30
         ck["kill_restored_bit_identical"] = bool((k.get("restore") or {}).get("output_identical"))
         ck["kill_image_unchanged_by_restore"] = bool((k.get("restore") or {}).get("image_unchanged"))
+        if res["args"].get("copy_helper"):  # the helper moved the data out, and back in after the move
+            ck["kill_helper_moved_the_data"] = img.get("data_paths") == ["helper"] and \
+                [g.get("data_path") for g in (k.get("restore") or {}).get("gpus") or []] == ["helper"]
     fs_w, fs_r = faster_fs(res, "fs_write"), faster_fs(res, "fs_read")
     if k is not None and "checkpoint" in k and fs_w:
         res["h5_write_vs_fs_write"] = round(k["checkpoint"]["timings"].get("gpu_h5_MBps", 0) / fs_w, 3)
@@ -277,8 +282,16 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the images")
     ap.add_argument("--arena", default=None, help="gpucr-hpc run --arena (e.g. a hugetlbfs mount)")
     ap.add_argument("--arena-size", default=None, help="gpucr-hpc run --arena-size (preallocated arena)")
+    ap.add_argument("--copy-helper", action="store_true",
+                    help="the shim moves the data through `gpucr-hpc copy-helper`, started here")
     args = ap.parse_args()
     ctx = Ctx(args)
+    if args.copy_helper:
+        from gpucr_hpc import copy_helper
+        sock = ctx.root / "copy-helper.sock"
+        helper = copy_helper.spawn(sock)
+        atexit.register(helper.kill)
+        ctx.cli_env["GPUCR_COPY_HELPER"] = str(sock)
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": smi("name")[0], "driver": smi("driver_version")[0], "image_root": str(ctx.root),
            "args": vars(args)}

@@ -127,21 +127,27 @@ def test_load_checks_each_block_as_it_reads(tmp_path, monkeypatch, block, direct
 
 
 @pytest.mark.gpu
-def test_pytorch_process_migrates_bit_identically(tmp_path):
+@pytest.mark.parametrize("helper", [False, True], ids=["own_copies", "copy_helper"])
+def test_pytorch_process_migrates_bit_identically(tmp_path, helper):
+    """copy_helper: the data leaves and re-enters the GPU through `gpucr-hpc
+    copy-helper` (the migrated process reconnects to it after the restore)."""
     pytest.importorskip("torch")
     pytest.importorskip("h5py")
     root_criu_or_skip()
     build_shim()
     results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
-    out = results / "migrate-gpu-test.json"
+    out = results / ("migrate-gpu-test-helper.json" if helper else "migrate-gpu-test.json")
+    extra = ["--copy-helper", "--only", "kill"] if helper else ["--again"]
     r = subprocess.run([sys.executable, str(REPO / "scripts/migrate_gpu_verify.py"), "--out", str(out),
                         "--image-root", str(tmp_path / "images"), "--steps", "60", "--checkpoint-at", "20",
-                        "--ballast-gib", "2", "--again"],
+                        "--ballast-gib", "2", *extra],
                        capture_output=True, text=True, timeout=1200)
     assert out.exists(), f"no result written: {r.stdout[-2000:]} {r.stderr[-2000:]}"
     res = json.loads(out.read_text())
-    for scenario in ("kill", "leave_running"):
+    for scenario in ("kill",) if helper else ("kill", "leave_running"):
         assert "error" not in res[scenario], f"{scenario}: {res[scenario]['error']}\n{res[scenario]['stderr_tail']}"
+    if helper:
+        assert "kill_helper_moved_the_data" in res["checks"]
     for check, ok in res["checks"].items():
         assert ok, f"{check} failed: {r.stdout[-3000:]}"
 
