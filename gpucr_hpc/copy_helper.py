@@ -334,7 +334,7 @@ class Client:
 
     def on_in(self, req, fds) -> tuple[dict, list[int]]:
         t0, steps = time.monotonic(), Steps()
-        with steps.timed("prefill_wait_s"):
+        with steps.timed("waited_for_prefill_s"):
             self.wait_prefill()
         steps.merge(self.prefill_steps)
         self.prefill_steps = Steps()
