@@ -40,6 +40,22 @@ def shim_environment(env: dict, arena: str | None = None, run_dir: str | None = 
     return env
 
 
+def _start_helper(run_dir: Path) -> Path:
+    """The user's copy helper on this node, at RUN_DIR/copy-helper.sock: the one
+    serving there, or one started now. Its socket."""
+    from gpucr_hpc import copy_helper as helper
+
+    raw = os.environ.get("GPUCR_COPY_HELPER_IDLE", "600")
+    try:
+        idle = float(raw)
+    except ValueError:
+        raise GpucrError(f"bad GPUCR_COPY_HELPER_IDLE={raw!r}", "give seconds, e.g. 600")
+    sock = run_dir / "copy-helper.sock"
+    pid = helper.ensure(sock, idle_exit=idle)
+    click.echo(f"gpucr: copy helper {'started (pid %d)' % pid if pid else 'already serving'} on {sock}", err=True)
+    return sock
+
+
 run_dir_option = click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
                               help="Where the control sockets are (default: $GPUCR_RUN_DIR, "
                                    "$XDG_RUNTIME_DIR/gpucr or /tmp/gpucr-UID).")
@@ -54,13 +70,20 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
               help="Create and pre-fault this much arena at start (e.g. 80G), and its pinned staging "
                    "ring once the program uses CUDA, so the first checkpoint does not pay for it; "
                    "the one-time cost is printed on stderr.")
+@click.option("--copy-helper", "use_helper", is_flag=True,
+              help="Move the GPU data through `gpucr-hpc copy-helper` (started now unless one serves "
+                   "this user here; it exits after GPUCR_COPY_HELPER_IDLE seconds, default 600, without "
+                   "a process): the copy engines' full rate both ways, for about 0.5 GiB of GPU memory "
+                   "per GPU.")
 @run_dir_option
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(arena, arena_size, run_dir, cmd):
+def run(arena, arena_size, use_helper, run_dir, cmd):
     """Run CMD under the shim (it keeps this PID), ready for checkpoint --pid."""
     if arena_size is not None and not re.fullmatch(r"\d+(\.\d+)?[KMGkmg]?", arena_size):
         raise GpucrError(f"bad --arena-size {arena_size!r}", "give bytes or a size like 512M or 80G")
     env = shim_environment(os.environ, arena, str(run_dir) if run_dir else None, arena_size)
+    if use_helper:
+        env["GPUCR_COPY_HELPER"] = str(_start_helper(Path(env["GPUCR_RUN_DIR"])))
     if arena_size:
         env["GPUCR_ARENA_REPORT"] = "1"  # the shim tells the one-time setup cost on stderr
     try:
@@ -222,11 +245,15 @@ def status(jobid, run_dir, as_json):
 @click.command("copy-helper")
 @click.option("--socket", "sock", required=True, type=click.Path(dir_okay=False),
               help="where to listen; processes find it through GPUCR_COPY_HELPER=SOCKET")
-def copy_helper(sock):
+@click.option("--idle-exit", type=click.FloatRange(min=0), default=0, metavar="SECONDS",
+              help="Exit after this long without a connected process (default 0: run until killed).")
+def copy_helper(sock, idle_exit):
     """Serve GPU copies for shimmed processes (GPUCR_COPY_HELPER): their GPU data
     moves between the GPU and their arena at the copy engines' full rate, from
-    memory pinned here once, not in the process the driver checkpoints. Runs
-    until killed; one per node and user (its socket is the user's alone)."""
+    memory pinned here once, not in the process the driver checkpoints. One per
+    node and user (its socket is the user's alone); `gpucr-hpc run --copy-helper`
+    starts one when none is there."""
     from gpucr_hpc import copy_helper as helper
 
-    helper.serve(Path(sock), ready=lambda: click.echo(f"gpucr-hpc copy-helper: serving on {sock}", err=True))
+    helper.serve(Path(sock), idle_exit=idle_exit,
+                 ready=lambda: click.echo(f"gpucr-hpc copy-helper: serving on {sock} (pid {os.getpid()})", err=True))

@@ -32,6 +32,7 @@ A closed connection lets go of everything of that process.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import mmap
 import os
@@ -446,8 +447,9 @@ class Client:
             self.close()
 
 
-def serve(path: Path, ready=None) -> None:
-    """Accept processes on the socket at path until killed."""
+def serve(path: Path, ready=None, idle_exit: float = 0) -> None:
+    """Accept processes on the socket at path until killed, or, idle_exit > 0,
+    until no process has been connected for that many seconds."""
     try:
         gpu = Gpu()
     except CudaError as e:
@@ -459,15 +461,114 @@ def serve(path: Path, ready=None) -> None:
     srv.bind(str(path))
     os.chmod(path, 0o600)  # only its owner's processes (root: any) may connect
     srv.listen(64)
+    srv.settimeout(1.0)
+    ours = path.stat().st_ino
+    active, idle_since, lock = [0], [time.monotonic()], threading.Lock()
+
+    def client(conn):
+        try:
+            Client(gpu, conn).serve()
+        finally:
+            with lock:
+                active[0] -= 1
+                idle_since[0] = time.monotonic()
+
     if ready:
         ready()
     while True:
-        conn, _ = srv.accept()
-        threading.Thread(target=Client(gpu, conn).serve, daemon=True).start()
+        try:
+            conn, _ = srv.accept()
+        except socket.timeout:
+            with lock:
+                idle = active[0] == 0 and time.monotonic() - idle_since[0] > idle_exit
+            if idle_exit > 0 and idle:
+                try:  # unless another helper has taken the path meanwhile
+                    if path.stat().st_ino == ours:
+                        path.unlink()
+                except FileNotFoundError:
+                    pass
+                return
+            continue
+        conn.settimeout(None)
+        with lock:
+            active[0] += 1
+        threading.Thread(target=client, args=(conn,), daemon=True).start()
+
+
+def listening(path: Path) -> bool:
+    """Whether a helper accepts connections at path."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
+
+
+def ensure(path: Path, idle_exit: float, timeout: float = 120.0) -> int | None:
+    """A helper serving at path for this user: the one there (None), or one
+    started now (its pid), outside the caller's process tree (CRIU dumps that
+    tree, and the caller may exec anything) and in its own session; it exits
+    after idle_exit seconds without a process. Its output goes to path.log."""
+    path = Path(path)
+    if len(str(path)) > 107:
+        raise GpucrError(f"the copy helper's socket path {path} is longer than a socket path may be",
+                         "use a shorter --run-dir (or GPUCR_RUN_DIR)")
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one start at a time: a second would take the path over
+        if listening(path):
+            return None
+        log = path.with_name(path.name + ".log")
+        r, w = os.pipe()
+        mid = os.fork()
+        if mid == 0:  # the middle process: starts the helper and goes, so init adopts it
+            try:
+                os.close(r)
+                with open(log, "ab") as out:
+                    h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path),
+                                          "--idle-exit", str(idle_exit)], stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=out, start_new_session=True)
+                os.write(w, str(h.pid).encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            text = f.read()
+        os.waitpid(mid, 0)
+        if not text:
+            raise GpucrError("the copy helper could not be started", f"see {log}")
+        pid = int(text)
+        deadline = time.monotonic() + timeout
+        while not listening(path):
+            if not _alive(pid):
+                last = [ln.removeprefix("gpucr-hpc: error: ") for ln in log.read_text(errors="replace").splitlines()
+                        if ln.strip()]
+                raise GpucrError(f"the copy helper did not start: {last[-1] if last else 'no message'}",
+                                 f"see {log}, or run without the copy helper")
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                raise GpucrError(f"the copy helper did not listen within {timeout:.0f} s", f"see {log}")
+            time.sleep(0.05)
+        return pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # adopted by init, it is a zombie only until init reaps it
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
 
 
 def spawn(path: Path, timeout: float = 60.0) -> subprocess.Popen:
-    """`gpucr-hpc copy-helper --socket path` in the background, once it listens."""
+    """`gpucr-hpc copy-helper --socket path` in the background, once it listens
+    (for scripts that own the helper and kill it)."""
     path = Path(path)
     path.unlink(missing_ok=True)
     h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path)])

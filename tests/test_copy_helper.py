@@ -2,6 +2,7 @@
 the shim's prefill command, a bad GPUCR_COPY_HELPER, and the helper command on a
 machine without a usable GPU."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -45,3 +46,23 @@ def test_copy_helper_without_a_gpu_is_one_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpucr-hpc: error:"), r.stderr
     assert not (tmp_path / "h.sock").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the helper would start")
+def test_run_with_a_helper_that_cannot_start_is_one_line(tmp_path):
+    run = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "run", "--copy-helper", "--run-dir", str(run), "--",
+                        "touch", str(tmp_path / "ran")], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpucr-hpc: error: the copy helper did not start:"), r.stderr
+    assert "copy-helper.sock.log" in lines[0]
+    assert not (tmp_path / "ran").exists() and not (run / "copy-helper.sock").exists()
+
+
+def test_bad_helper_idle_setting_is_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "run", "--copy-helper", "--run-dir", str(tmp_path), "--",
+                        "true"], capture_output=True, text=True, timeout=60, cwd=REPO,
+                       env={**os.environ, "GPUCR_COPY_HELPER_IDLE": "soon"})
+    assert r.returncode != 0 and r.stderr.strip() == \
+        "gpucr-hpc: error: bad GPUCR_COPY_HELPER_IDLE='soon'; give seconds, e.g. 600"

@@ -8,8 +8,11 @@ between cycles, the next checkpoints fall back to the bounce path, say why, and
 lose nothing. Skipped without a GPU."""
 
 import json
+import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +48,51 @@ def test_copy_helper_dies_bounce_path_takes_over(cuda_bin, tmp_path):  # noqa: F
     result = verify(tmp_path, cuda_bin, "cuda_c_cudaMalloc", "--kill-helper-at", "2", "--pace-ms", "100")
     assert result["checks"]["without_helper_bounce_path_says_why"]
     assert result["cycles"][2]["checkpoint_path"]["helper_fallback"]
+
+
+def _gpucr(run, *args) -> dict:
+    r = subprocess.run([sys.executable, "-m", "gpucr_hpc", *args, "--run-dir", str(run), "--json"],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
+def test_run_starts_the_users_helper_once_and_it_goes_when_idle(cuda_bin, tmp_path):  # noqa: F811
+    """`gpucr-hpc run --copy-helper`: the first run starts the helper, outside
+    its process tree; the second finds it; both move their data through it; it
+    exits once no process has been connected for GPUCR_COPY_HELPER_IDLE s."""
+    run = tmp_path / "run"
+    env = dict(os.environ, GPUCR_COPY_HELPER_IDLE="3")
+    procs, said = [], []
+    try:
+        for _ in range(2):
+            p = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "run", "--copy-helper", "--run-dir", str(run),
+                                  "--", str(cuda_bin), "100000", "0.5", "20"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+            procs.append(p)
+            said.append(p.stderr.readline())
+            assert p.stdout.readline().startswith("step "), said[-1]
+        assert "copy helper started (pid" in said[0] and "already serving" in said[1], said
+        helper = int(said[0].split("(pid ")[1].split(")")[0])
+        for p in procs:
+            assert helper not in [int(c) for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+            cp = _gpucr(run, "checkpoint", "--pid", str(p.pid))
+            rs = _gpucr(run, "restore", "--pid", str(p.pid))
+            assert cp["processes"][0]["data_path"] == "helper" and rs["processes"][0]["data_path"] == "helper", (cp, rs)
+            assert rs["phases"].get("prefill")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    deadline = time.monotonic() + 30
+    while _alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _alive(helper), "the idle helper did not exit"
+    assert not (run / "copy-helper.sock").exists()
