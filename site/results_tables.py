@@ -24,7 +24,7 @@ REPO = SITE.parent
 RESULTS = REPO / "bench" / "results"
 DOC = SITE / "docs" / "results.md"
 IMG = SITE / "docs" / "img"
-PLOTS = ["shim-vs-driver-h100.png", "shim-vs-driver-h100-helper.png", "steady-state-h100.png", "steady-state-h100-launch-bound.png"]
+PLOTS = ["shim-vs-driver-h100.png", "shim-vs-driver-h100-helper-run3.png", "steady-state-h100.png", "steady-state-h100-launch-bound.png"]
 MISSING = "—"
 
 
@@ -1026,6 +1026,8 @@ BLOCKS = {
     "data-path": data_path,
     "data-path-helper": lambda: data_path("shim-vs-driver-h100-helper.json"),
     "data-path-helper-run2": lambda: data_path("shim-vs-driver-h100-helper-run2.json"),
+    "data-path-helper-run3": lambda: data_path("shim-vs-driver-h100-helper-run3.json"),
+    "data-path-helper-run4": lambda: data_path("shim-vs-driver-h100-helper-run4.json"),
     "data-path-targets": data_path_targets,
     "data-path-runs": data_path_runs,
     "data-path-ab": data_path_ab,
