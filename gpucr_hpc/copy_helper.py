@@ -505,6 +505,18 @@ def listening(path: Path) -> bool:
             return False
 
 
+def helper_env(env) -> dict:
+    """env for a helper: never under the shim (its CUDA calls are its own, and
+    a shimmed helper would be taken for a process to checkpoint), and with none
+    of the shim's settings."""
+    out = {k: v for k, v in env.items() if not k.startswith("GPUCR_")}
+    keep = [p for p in out.pop("LD_PRELOAD", "").replace(":", " ").split()
+            if os.path.basename(p) != "libgpucr-cuda.so"]
+    if keep:
+        out["LD_PRELOAD"] = " ".join(keep)
+    return out
+
+
 def ensure(path: Path, idle_exit: float, timeout: float = 120.0) -> int | None:
     """A helper serving at path for this user: the one there (None), or one
     started now (its pid), outside the caller's process tree (CRIU dumps that
@@ -528,7 +540,7 @@ def ensure(path: Path, idle_exit: float, timeout: float = 120.0) -> int | None:
                 with open(log, "ab") as out:
                     h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path),
                                           "--idle-exit", str(idle_exit)], stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=out, start_new_session=True)
+                                         stderr=out, start_new_session=True, env=helper_env(os.environ))
                 os.write(w, str(h.pid).encode())
             finally:
                 os._exit(0)
@@ -571,7 +583,8 @@ def spawn(path: Path, timeout: float = 60.0) -> subprocess.Popen:
     (for scripts that own the helper and kill it)."""
     path = Path(path)
     path.unlink(missing_ok=True)
-    h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path)])
+    h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path)],
+                         env=helper_env(os.environ))
     deadline = time.monotonic() + timeout
     while not path.exists():
         if h.poll() is not None or time.monotonic() > deadline:

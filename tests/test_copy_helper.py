@@ -66,3 +66,12 @@ def test_bad_helper_idle_setting_is_one_line(tmp_path):
                        env={**os.environ, "GPUCR_COPY_HELPER_IDLE": "soon"})
     assert r.returncode != 0 and r.stderr.strip() == \
         "gpucr-hpc: error: bad GPUCR_COPY_HELPER_IDLE='soon'; give seconds, e.g. 600"
+
+
+def test_a_helper_never_runs_under_the_shim():
+    from gpucr_hpc.copy_helper import helper_env
+
+    env = helper_env({"LD_PRELOAD": "/opt/gpucr-hpc/lib/libgpucr-cuda.so:/usr/lib/libjemalloc.so",
+                      "GPUCR_RUN_DIR": "/run/gpucr/job", "GPUCR_COPY_HELPER": "/x.sock", "PATH": "/usr/bin"})
+    assert env == {"LD_PRELOAD": "/usr/lib/libjemalloc.so", "PATH": "/usr/bin"}
+    assert "LD_PRELOAD" not in helper_env({"LD_PRELOAD": "/lib/libgpucr-cuda.so"})
