@@ -66,10 +66,11 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 @click.option("--arena", type=click.Path(exists=True, file_okay=False), default=None,
               help="Directory for the host arena: a hugetlbfs mount for huge pages "
                    "(default: /dev/shm).")
-@click.option("--arena-size", default=None, metavar="SIZE",
+@click.option("--arena-size", default=None, metavar="SIZE|auto",
               help="Create and pre-fault this much arena at start (e.g. 80G), and its pinned staging "
                    "ring once the program uses CUDA, so the first checkpoint does not pay for it; "
-                   "the one-time cost is printed on stderr.")
+                   "auto: grow it in the background as the program's GPU memory grows. "
+                   "The one-time costs are printed on stderr.")
 @click.option("--copy-helper", "use_helper", is_flag=True,
               help="Move the GPU data through `gpucr-hpc copy-helper` (started now unless one serves "
                    "this user here; it exits after GPUCR_COPY_HELPER_IDLE seconds, default 600, without "
@@ -79,8 +80,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(arena, arena_size, use_helper, run_dir, cmd):
     """Run CMD under the shim (it keeps this PID), ready for checkpoint --pid."""
-    if arena_size is not None and not re.fullmatch(r"\d+(\.\d+)?[KMGkmg]?", arena_size):
-        raise GpucrError(f"bad --arena-size {arena_size!r}", "give bytes or a size like 512M or 80G")
+    if arena_size is not None and not re.fullmatch(r"\d+(\.\d+)?[KMGkmg]?|auto", arena_size):
+        raise GpucrError(f"bad --arena-size {arena_size!r}", "give bytes, a size like 512M or 80G, or auto")
     env = shim_environment(os.environ, arena, str(run_dir) if run_dir else None, arena_size)
     if use_helper:
         env["GPUCR_COPY_HELPER"] = str(_start_helper(Path(env["GPUCR_RUN_DIR"])))
@@ -247,7 +248,10 @@ def status(jobid, run_dir, as_json):
               help="where to listen; processes find it through GPUCR_COPY_HELPER=SOCKET")
 @click.option("--idle-exit", type=click.FloatRange(min=0), default=0, metavar="SECONDS",
               help="Exit after this long without a connected process (default 0: run until killed).")
-def copy_helper(sock, idle_exit):
+@click.option("--ensure", is_flag=True,
+              help="Start the helper in the background unless one serves at --socket, wait until it "
+                   "listens, then return (what the shim runs for GPUCR_COPY_HELPER_START).")
+def copy_helper(sock, idle_exit, ensure):
     """Serve GPU copies for shimmed processes (GPUCR_COPY_HELPER): their GPU data
     moves between the GPU and their arena at the copy engines' full rate, from
     memory pinned here once, not in the process the driver checkpoints. One per
@@ -255,5 +259,10 @@ def copy_helper(sock, idle_exit):
     starts one when none is there."""
     from gpucr_hpc import copy_helper as helper
 
+    if ensure:
+        pid = helper.ensure(Path(sock), idle_exit=idle_exit)
+        if pid:  # quiet when another rank of the node started it
+            click.echo(f"gpucr: copy helper started (pid {pid}) on {sock}", err=True)
+        return
     helper.serve(Path(sock), idle_exit=idle_exit,
                  ready=lambda: click.echo(f"gpucr-hpc copy-helper: serving on {sock} (pid {os.getpid()})", err=True))

@@ -449,7 +449,8 @@ class Client:
 
 def serve(path: Path, ready=None, idle_exit: float = 0) -> None:
     """Accept processes on the socket at path until killed, or, idle_exit > 0,
-    until no process has been connected for that many seconds."""
+    until no process has been connected for that many seconds; or, with none
+    connected, once the socket is removed or taken over."""
     try:
         gpu = Gpu()
     except CudaError as e:
@@ -481,18 +482,25 @@ def serve(path: Path, ready=None, idle_exit: float = 0) -> None:
         except socket.timeout:
             with lock:
                 idle = active[0] == 0 and time.monotonic() - idle_since[0] > idle_exit
+                unused = active[0] == 0
+            if unused and not _still_ours(path, ours):
+                return  # its socket was removed (a Slurm job's run dir at job end): nobody can come
             if idle_exit > 0 and idle:
-                try:  # unless another helper has taken the path meanwhile
-                    if path.stat().st_ino == ours:
-                        path.unlink()
-                except FileNotFoundError:
-                    pass
+                if _still_ours(path, ours):  # unless another helper has taken the path meanwhile
+                    path.unlink(missing_ok=True)
                 return
             continue
         conn.settimeout(None)
         with lock:
             active[0] += 1
         threading.Thread(target=client, args=(conn,), daemon=True).start()
+
+
+def _still_ours(path: Path, ino: int) -> bool:
+    try:
+        return path.stat().st_ino == ino
+    except FileNotFoundError:
+        return False
 
 
 def listening(path: Path) -> bool:

@@ -49,6 +49,10 @@ static unsigned seq;
 static int keep_fds; /* the copy helper maps the segments too (helper.c) */
 static double setup_s;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+/* Held while a segment is created (map_new_file only runs under it): a
+ * checkpoint that needs room waits for a growth in progress (arena_ready.c)
+ * instead of creating a second segment beside it. Taken before mu. */
+static pthread_mutex_t grow_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -210,25 +214,61 @@ static int add_segment(size_t size, gpucr_register_fn reg)
     return 0;
 }
 
-static int try_place(const size_t *sizes, size_t n, void **out)
+/* First fit, in the order given; out[b] NULL for a blob that did not fit.
+ * Returns the bytes that did not fit. */
+static size_t fit_in_order(const size_t *sizes, const size_t *order, size_t n, void **out)
 {
-    int failed = 0;
+    size_t missing = 0;
     for (int i = 0; i < nsegs; i++)
         segs[i].used = 0;
-    for (size_t b = 0; b < n; b++) {
+    for (size_t k = 0; k < n; k++) {
+        size_t b = order ? order[k] : k;
         size_t need = round_up(sizes[b], BLOB_ALIGN);
         out[b] = NULL;
         for (int i = 0; i < nsegs; i++) {
-            if (segs[i].size - segs[i].used >= need) {
+            if (!segs[i].detached && segs[i].size - segs[i].used >= need) {
                 out[b] = segs[i].base + segs[i].used;
                 segs[i].used += need;
                 break;
             }
         }
         if (!out[b])
-            failed = 1;
+            missing += need;
     }
-    return failed ? -1 : 0;
+    return missing;
+}
+
+static const size_t *sort_sizes;
+static int larger_first(const void *a, const void *b)
+{
+    size_t x = sort_sizes[*(const size_t *)a], y = sort_sizes[*(const size_t *)b];
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Places the blobs in the order given (so an unchanged footprint keeps its
+ * places), else largest first, which packs segments of several sizes (an
+ * arena grown step by step, arena_ready.c) far better. Returns the bytes that
+ * did not fit either way, 0 when all did. Callers hold mu. */
+static size_t try_fit(const size_t *sizes, size_t n, void **out)
+{
+    size_t missing = fit_in_order(sizes, NULL, n, out);
+    if (!missing || n < 2)
+        return missing;
+    size_t *order = malloc(n * sizeof *order);
+    if (!order)
+        return missing;
+    for (size_t k = 0; k < n; k++)
+        order[k] = k;
+    sort_sizes = sizes;
+    qsort(order, n, sizeof *order, larger_first);
+    missing = fit_in_order(sizes, order, n, out);
+    free(order);
+    return missing;
+}
+
+static int try_place(const size_t *sizes, size_t n, void **out)
+{
+    return try_fit(sizes, n, out) ? -1 : 0;
 }
 
 static int register_pending(gpucr_register_fn reg)
@@ -247,12 +287,59 @@ static int register_pending(gpucr_register_fn reg)
     return 0;
 }
 
+/* A new segment of at least `more` bytes. It is created and pre-faulted
+ * without holding mu (seconds for tens of GiB), so lookups and placements in
+ * the segments there are go on meanwhile. Not while segments are detached. */
+int gpucr_arena_grow(size_t more)
+{
+    pthread_mutex_lock(&grow_mu);
+    pthread_mutex_lock(&mu);
+    int busy = 0;
+    for (int i = 0; i < nsegs; i++)
+        busy |= segs[i].detached;
+    int full = nsegs == MAX_SEGS;
+    pthread_mutex_unlock(&mu);
+    if (busy || full || more == 0) {
+        pthread_mutex_unlock(&grow_mu);
+        errno = busy ? EBUSY : full ? ENOSPC : EINVAL;
+        return -1;
+    }
+    double t0 = gpucr_now();
+    struct seg s = {.fd = -1};
+    size_t size = round_up(more, page > (2u << 20) ? page : (2u << 20));
+    void *p = map_new_file(&s, size, NULL);
+    if (p == MAP_FAILED) {
+        pthread_mutex_unlock(&grow_mu);
+        return -1;
+    }
+    s.base = p;
+    s.size = size;
+    pthread_mutex_lock(&mu);
+    segs[nsegs++] = s; /* only grow_mu's holder adds segments: still room */
+    setup_s += gpucr_now() - t0;
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&grow_mu);
+    return 0;
+}
+
 int gpucr_arena_prealloc(size_t size)
 {
+    size_t cap = gpucr_arena_capacity();
+    return size > cap ? gpucr_arena_grow(size - cap) : 0;
+}
+
+size_t gpucr_arena_shortfall(const size_t *sizes, size_t n)
+{
+    void **out = malloc((n ? n : 1) * sizeof *out);
+    if (!out)
+        return 0;
     pthread_mutex_lock(&mu);
-    int rc = size > gpucr_arena_capacity_locked() ? add_segment(size - gpucr_arena_capacity_locked(), NULL) : 0;
+    size_t missing = try_fit(sizes, n, out);
+    for (int i = 0; i < nsegs; i++) /* a dry run: nothing is placed */
+        segs[i].used = 0;
     pthread_mutex_unlock(&mu);
-    return rc;
+    free(out);
+    return missing;
 }
 
 int gpucr_arena_register_pending(gpucr_register_fn reg)
@@ -290,9 +377,11 @@ static int place_locked(const size_t *sizes, size_t n, void **out, gpucr_registe
 
 int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg)
 {
+    pthread_mutex_lock(&grow_mu);
     pthread_mutex_lock(&mu);
     int rc = place_locked(sizes, n, out, reg);
     pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&grow_mu);
     return rc;
 }
 
@@ -373,6 +462,7 @@ int gpucr_arena_detach(gpucr_register_fn unreg)
 int gpucr_arena_attach(gpucr_register_fn reg)
 {
     int rc = 0;
+    pthread_mutex_lock(&grow_mu);
     pthread_mutex_lock(&mu);
     double t0 = gpucr_now();
     for (int i = 0; i < nsegs && rc == 0; i++) {
@@ -395,6 +485,7 @@ int gpucr_arena_attach(gpucr_register_fn reg)
     }
     setup_s += gpucr_now() - t0;
     pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&grow_mu);
     return rc;
 }
 
@@ -413,6 +504,7 @@ int gpucr_arena_detached(void)
 void gpucr_arena_after_fork_child(void)
 {
     pthread_mutex_init(&mu, NULL);
+    pthread_mutex_init(&grow_mu, NULL);
     for (int i = 0; i < nsegs; i++) {
         munmap(segs[i].base, segs[i].size);
         close_fd(&segs[i]);

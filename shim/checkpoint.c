@@ -29,9 +29,7 @@ enum { ST_RUNNING, ST_CHECKPOINTED };
 static int state = ST_RUNNING;
 static int state_cuda; /* the checkpoint moved GPU state */
 static int sync_busy;  /* a timed-out context sync still runs */
-static int arena_ready; /* the start-up preallocation is done */
 static uint64_t last_bytes;
-static double helper_shared_s; /* one-time: the copy helper pinned the arena at start-up */
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -79,10 +77,12 @@ static void jb_data_path(struct jbuf *out, int helped, size_t n, const struct gp
     jb_str(out, "copy_wait", cs->blocking ? "block" : "spin");
 }
 
-static int host_register(void *base, size_t size)
+int gpucr_host_register(void *base, size_t size)
 {
     return D.cuMemHostRegister_v2(base, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 0 : -1;
 }
+
+int gpucr_checkpoint_running(void) { return __atomic_load_n(&state, __ATOMIC_RELAXED) == ST_RUNNING; }
 
 /* ---- what cannot be checkpointed ---------------------------------------- */
 
@@ -437,12 +437,15 @@ void gpucr_cmd_status(struct jbuf *out)
     jb_i64(out, "arena_segments", gpucr_arena_segments());
     jb_str(out, "arena_dir", gpucr_arena_dir());
     jb_bool(out, "arena_hugetlb", gpucr_arena_is_hugetlb());
-    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() + gpucr_staging_seconds() + helper_shared_s);
-    jb_f64(out, "helper_setup_s", helper_shared_s);
-    jb_bool(out, "arena_ready", arena_ready);
+    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() + gpucr_staging_seconds() + gpucr_arena_helper_seconds());
+    jb_f64(out, "helper_setup_s", gpucr_arena_helper_seconds());
+    jb_bool(out, "arena_ready", gpucr_arena_ready());
+    jb_str(out, "arena_prealloc", gpucr_arena_ready_mode());
     jb_bool(out, "arena_pinned", gpucr_pin_arena);
     jb_u64(out, "staging_bytes", gpucr_staging_bytes());
     jb_i64(out, "arena_detached", gpucr_arena_detached());
+    jb_str(out, "copy_helper", gpucr_helper_enabled() ? gpucr_helper_path() : "");
+    jb_i64(out, "helper_segments", gpucr_helper_enabled() ? gpucr_helper_segments() : 0);
     jb_bool(out, "gate_closed", gpucr_gate_is_closed());
     jb_u64(out, "gate_waits", gpucr_gate_waits());
     jb_bool(out, "vmm_backing", gpucr_vmm_backing);
@@ -509,7 +512,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
         fail = "out of host memory";
     if (!fail && w.n) {
         gpucr_use_ctx(w.p[0]->ctx);
-        if (gpucr_arena_place(sizes, w.n, hosts, gpucr_pin_arena ? host_register : NULL) != 0)
+        if (gpucr_arena_place(sizes, w.n, hosts, gpucr_pin_arena ? gpucr_host_register : NULL) != 0)
             fail = "the host arena could not grow (out of shared memory or huge pages?)";
     }
     for (size_t i = 0; !fail && i < w.n; i++)
@@ -773,7 +776,7 @@ void gpucr_cmd_arena_attach(struct jbuf *out)
         snprintf(why, sizeof why, "no CUDA context to register the arena with (%s); restore the driver state first", cu_name(rc));
         return err(out, why);
     }
-    if (gpucr_arena_attach(gpucr_pin_arena ? host_register : NULL) != 0) {
+    if (gpucr_arena_attach(gpucr_pin_arena ? gpucr_host_register : NULL) != 0) {
         snprintf(why, sizeof why, "re-creating the arena in %s failed (%s)", gpucr_arena_dir(), strerror(errno));
         return err(out, why);
     }
@@ -785,80 +788,11 @@ void gpucr_cmd_arena_attach(struct jbuf *out)
     jb_end(out);
 }
 
-/* GPUCR_ARENA_PREALLOC: create and pre-fault the arena at start-up, and, once
- * the program has a CUDA context, allocate the staging ring (or pin the arena,
- * GPUCR_ARENA_PIN), so the first checkpoint does not pay for it. With
- * GPUCR_ARENA_REPORT (`gpucr-hpc run --arena-size`) these one-time costs are
- * told on stderr. */
-static void *prealloc_thread(void *arg)
-{
-    size_t size = (size_t)(uintptr_t)arg;
-    const char *rep = getenv("GPUCR_ARENA_REPORT");
-    int report = rep && *rep && strcmp(rep, "0") != 0;
-    double t0 = gpucr_now();
-    if (gpucr_arena_prealloc(size) != 0) {
-        int e = errno;
-        gpucr_log("arena preallocation of %zu bytes failed", size);
-        if (report)
-            fprintf(stderr, "gpucr: creating the %.2f GiB arena in %s failed (%s); checkpoints will grow it as needed\n",
-                    size / 1073741824.0, gpucr_arena_dir(), strerror(e));
-        return NULL;
-    }
-    double t1 = gpucr_now();
-    for (;;) {
-        CUcontext ctx = NULL;
-        if (gpucr_driver_loaded()) {
-            gpucr_table_lock();
-            const struct u64map *ctxs = gpucr_set_map(SET_CTX);
-            U64MAP_FOREACH(ctxs, i) ctx = (CUcontext)(uintptr_t)ctxs->keys[i];
-            gpucr_table_unlock();
-        }
-        if (ctx) {
-            double t2 = gpucr_now();
-            if (D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) {
-                if (gpucr_pin_arena)
-                    gpucr_arena_register_pending(host_register);
-                else
-                    gpucr_staging_setup();
-            }
-            double t3 = gpucr_now(), shared = 0;
-            char helper_part[128] = "";
-            if (gpucr_helper_enabled()) {
-                int ok = gpucr_helper_share_arena(&shared) == 0;
-                helper_shared_s = shared;
-                snprintf(helper_part, sizeof helper_part, ", pinned by the copy helper %.2f s%s", shared,
-                         ok ? "" : " (failed: checkpoints will try again)");
-            }
-            arena_ready = 1;
-            gpucr_log("arena ready: %zu bytes, one-time setup %.2f s", gpucr_arena_capacity(),
-                      gpucr_arena_setup_seconds() + gpucr_staging_seconds() + shared);
-            if (report)
-                fprintf(stderr, "gpucr: %.2f GiB arena in %s ready (one-time, at start-up: create + pre-fault %.2f s, "
-                        "%s %.2f s%s)\n", gpucr_arena_capacity() / 1073741824.0, gpucr_arena_dir(), t1 - t0,
-                        gpucr_pin_arena ? "pin" : "staging ring", t3 - t2, helper_part);
-            return NULL;
-        }
-        usleep(100000);
-    }
-}
-
-void gpucr_arena_start_prealloc(size_t size)
-{
-    pthread_t t;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    if (pthread_create(&t, NULL, prealloc_thread, (void *)(uintptr_t)size) == 0)
-        pthread_detach(t);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-}
-
 void gpucr_checkpoint_after_fork_child(void)
 {
     state = ST_RUNNING;
     state_cuda = 0;
     sync_busy = 0;
-    arena_ready = 0;
     gpucr_datapath_after_fork_child();
     gpucr_helper_after_fork_child();
 }

@@ -98,6 +98,7 @@ void gpucr_map_foreach_in(uint64_t va, size_t size, void (*fn)(struct gpucr_map 
 void gpucr_phys_foreach(void (*fn)(struct gpucr_phys *, void *), void *arg);
 void gpucr_map_foreach(void (*fn)(struct gpucr_map *, void *), void *arg);
 size_t gpucr_phys_count(void);
+size_t gpucr_phys_bytes(void); /* their sizes summed; read without the lock */
 size_t gpucr_map_count(void);
 /* Simple tracked sets: pointer -> size. */
 enum { SET_MANAGED, SET_ASYNC, SET_IPC_LEGACY, SET_IPC_OPENED, SET_POOLS, SET_CTX, SET_COUNT };
@@ -121,6 +122,11 @@ void gpucr_arena_reset(void); /* forget placements, keep capacity */
 /* One-time costs ahead of the first checkpoint: create and pre-fault capacity
  * (no driver needed), later register what is not yet registered. */
 int gpucr_arena_prealloc(size_t size);
+/* A new segment of at least `more` bytes, created without blocking placements:
+ * 0, or -1 with errno (EBUSY while detached, ENOSPC: no segment left). */
+int gpucr_arena_grow(size_t more);
+/* Bytes of these blobs that would not fit in the arena as it is (0: all fit). */
+size_t gpucr_arena_shortfall(const size_t *sizes, size_t n);
 int gpucr_arena_register_pending(gpucr_register_fn reg);
 size_t gpucr_arena_capacity(void);
 size_t gpucr_arena_used(void);

@@ -30,8 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "hooks.h"
@@ -58,11 +60,29 @@ static void fail(const char *fmt, ...)
 }
 
 const char *gpucr_helper_error(void) { return why[0] ? why : "unknown"; }
+const char *gpucr_helper_path(void) { return path; }
+
+/* How many arena segments the helper has mapped as they are now. */
+int gpucr_helper_segments(void)
+{
+    int n = 0;
+    pthread_mutex_lock(&mu);
+    for (int seg = 0; sock >= 0 && seg < gpucr_arena_segments() && seg < MAX_SEGS; seg++) {
+        int fd;
+        size_t size;
+        unsigned gen;
+        n += gpucr_arena_segment(seg, &fd, &size, &gen) == 0 && sent_gen[seg] == gen + 1;
+    }
+    pthread_mutex_unlock(&mu);
+    return n;
+}
 
 int gpucr_helper_enabled(void)
 {
     if (enabled < 0) {
         const char *v = getenv("GPUCR_COPY_HELPER");
+        if (v && (strcmp(v, "off") == 0 || strcmp(v, "0") == 0))
+            v = NULL; /* the job's own opt-out of a site's copy_helper=on */
         enabled = v && *v && strlen(v) < sizeof path;
         if (enabled) {
             snprintf(path, sizeof path, "%s", v);
@@ -434,6 +454,59 @@ out:
     st->bounce = 0;
     st->threads = 0;
     return rc;
+}
+
+extern char **environ;
+
+static int connected(void)
+{
+    pthread_mutex_lock(&mu);
+    int rc = connect_helper();
+    pthread_mutex_unlock(&mu);
+    return rc == 0;
+}
+
+/* GPUCR_COPY_HELPER_START=CMD (Slurm jobs: the plugin's cli=): when no helper
+ * serves at the socket, `CMD copy-helper --ensure` starts one in its own
+ * session unless another rank of this node just did. sh runs it in the
+ * background and exits at once, so nothing of it stays in this process's
+ * tree (which CRIU dumps). Waits up to timeout_s for the helper to listen;
+ * 0 once connected. No CUDA call. */
+int gpucr_helper_start(double timeout_s)
+{
+    if (!gpucr_helper_enabled())
+        return -1;
+    if (connected())
+        return 0;
+    const char *cmd = getenv("GPUCR_COPY_HELPER_START");
+    if (!cmd || !*cmd)
+        return -1; /* why says: cannot connect */
+    const char *idle = getenv("GPUCR_COPY_HELPER_IDLE");
+    char *argv[] = {"/bin/sh", "-c", "\"$0\" copy-helper --ensure --socket \"$1\" --idle-exit \"$2\" </dev/null &",
+                    (char *)cmd, path, (char *)(idle && *idle ? idle : "600"), NULL};
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **envp = calloc(n + 2, sizeof *envp), **e = envp;
+    if (!envp)
+        return -1;
+    *e++ = "GPUCR_DISABLE=1"; /* the shim is inert in the CLI (and the helper drops it) */
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "GPUCR_DISABLE=", 14) != 0)
+            *e++ = environ[i];
+    pid_t pid;
+    int rc = posix_spawn(&pid, "/bin/sh", NULL, NULL, argv, envp);
+    free(envp);
+    if (rc != 0) {
+        fail("cannot start %s copy-helper: %s", cmd, strerror(rc));
+        return -1;
+    }
+    waitpid(pid, NULL, 0); /* sh only: the CLI runs on in the background */
+    for (double t0 = gpucr_now(); gpucr_now() - t0 < timeout_s; usleep(100000))
+        if (connected())
+            return 0;
+    fail("the copy helper started by %s did not listen at %s within %.0f s (its log: %s.log)", cmd, path, timeout_s, path);
+    return -1;
 }
 
 void gpucr_helper_disconnect(void)

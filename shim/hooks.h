@@ -107,17 +107,27 @@ double gpucr_staging_seconds(void);
 size_t gpucr_staging_bytes(void);
 CUresult gpucr_use_ctx(CUcontext ctx);
 void gpucr_datapath_after_fork_child(void);
-void gpucr_arena_start_prealloc(size_t size);
+/* arena_ready.c: the arena made ready ahead of checkpoints (GPUCR_ARENA_PREALLOC) */
+void gpucr_arena_ready_init(const char *spec); /* a size, or auto */
+void gpucr_arena_ready_after_fork_child(void);
+int gpucr_arena_ready(void);
+const char *gpucr_arena_ready_mode(void); /* "auto", "size" or "off" */
+double gpucr_arena_helper_seconds(void); /* the copy helper's mapping and pinning */
+int gpucr_host_register(void *base, size_t size); /* checkpoint.c: pins for the arena */
+int gpucr_checkpoint_running(void);              /* not checkpointed now */
 /* helper.c: the copy helper path (GPUCR_COPY_HELPER) */
 int gpucr_helper_enabled(void);
 CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
 CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
 int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n); /* no CUDA call */
 int gpucr_helper_share_arena(double *secs); /* no CUDA call */
+int gpucr_helper_start(double timeout_s);   /* GPUCR_COPY_HELPER_START; no CUDA call */
 void gpucr_helper_after_fork_child(void);
 void gpucr_helper_disconnect(void); /* before CRIU dumps the process (arena_detach) */
 void gpucr_helper_forget(struct gpucr_phys *p); /* the helper lets go of its handle of p */
 const char *gpucr_helper_error(void); /* why its last use failed */
+const char *gpucr_helper_path(void);  /* its socket */
+int gpucr_helper_segments(void);      /* arena segments it has mapped, as they are */
 void gpucr_checkpoint_at_exit(void);
 
 #endif

@@ -19,6 +19,7 @@ static void after_fork_child(void)
     gpucr_table_after_fork_child();
     gpucr_arena_after_fork_child();
     gpucr_checkpoint_after_fork_child();
+    gpucr_arena_ready_after_fork_child();
     gpucr_tstp_after_fork_child();
     if (enabled("GPUCR_CONTROL", 1))
         gpucr_control_after_fork_child();
@@ -36,15 +37,7 @@ __attribute__((constructor)) static void gpucr_init(void)
         gpucr_arena_configure(NULL);
     }
     gpucr_helper_enabled(); /* before any segment exists: they keep their descriptors for it */
-    const char *pre = getenv("GPUCR_ARENA_PREALLOC"); /* bytes, or with K/M/G suffix */
-    if (pre && *pre) {
-        char *end;
-        double v = strtod(pre, &end);
-        double mul = (*end == 'G' || *end == 'g') ? 1073741824.0 : (*end == 'M' || *end == 'm') ? 1048576.0
-                   : (*end == 'K' || *end == 'k') ? 1024.0 : 1.0;
-        if (v > 0)
-            gpucr_arena_start_prealloc((size_t)(v * mul));
-    }
+    gpucr_arena_ready_init(getenv("GPUCR_ARENA_PREALLOC")); /* a size, or auto */
     pthread_atfork(NULL, NULL, after_fork_child);
     if (enabled("GPUCR_CONTROL", 1))
         gpucr_control_start();

@@ -115,6 +115,7 @@ static struct u64map phys;  /* vhandle -> struct gpucr_phys * */
 static struct u64map maps;  /* va -> struct gpucr_map * */
 static struct u64map sets[SET_COUNT];
 static uint64_t next_synthetic = 0x6770000000000000ULL; /* "gp" */
+static size_t phys_bytes; /* the sizes of the tracked allocations, summed */
 
 void gpucr_table_lock(void) { pthread_mutex_lock(&lock); }
 void gpucr_table_unlock(void) { pthread_mutex_unlock(&lock); }
@@ -137,6 +138,7 @@ struct gpucr_phys *gpucr_phys_add(uint64_t rhandle, size_t size)
         free(p);
         return NULL;
     }
+    phys_bytes += size;
     return p;
 }
 
@@ -156,6 +158,7 @@ void gpucr_phys_del(uint64_t vhandle)
     if ((p->flags & PHYS_HELPER_HELD) && gpucr_phys_on_forget)
         gpucr_phys_on_forget(p);
     u64map_del(&phys, vhandle);
+    phys_bytes -= p->size;
     free(p);
 }
 
@@ -221,6 +224,7 @@ void gpucr_map_foreach(void (*fn)(struct gpucr_map *, void *), void *arg)
 }
 
 size_t gpucr_phys_count(void) { return phys.n; }
+size_t gpucr_phys_bytes(void) { return __atomic_load_n(&phys_bytes, __ATOMIC_RELAXED); }
 size_t gpucr_map_count(void) { return maps.n; }
 
 void gpucr_set_put(int set, uint64_t key, uint64_t val) { u64map_put(&sets[set], key, val); }
@@ -253,6 +257,7 @@ void gpucr_table_after_fork_child(void)
     U64MAP_FOREACH(&maps, i) free((void *)(uintptr_t)maps.vals[i]);
     u64map_clear(&phys);
     u64map_clear(&maps);
+    phys_bytes = 0;
     for (int s = 0; s < SET_COUNT; s++)
         u64map_clear(&sets[s]);
 }

@@ -18,6 +18,7 @@
 #define DEFAULT_CLI       "/usr/local/bin/gpucr-hpc"
 #define DEFAULT_BINDIR    "/usr/local/lib/gpucr/bin"
 #define DEFAULT_SIGNAL    "USR2@120"
+#define DEFAULT_OFF       "off"
 
 struct key {
 	const char *name;
@@ -38,7 +39,22 @@ static const struct key keys[] = {
 	{ "cli",         FIELD(cli),         1 },
 	{ "bindir",      FIELD(bindir),      1 },
 	{ "signal",      FIELD(signal),      0 },
+	{ "copy_helper", FIELD(copy_helper), 0 },
+	{ "arena_prealloc", FIELD(arena_prealloc), 0 },
 };
+
+/* arena_prealloc=auto, off, or a size: digits with an optional . part and
+ * one of K M G (as the shim's GPUCR_ARENA_PREALLOC reads it). */
+static int prealloc_valid(const char *v)
+{
+	char *end;
+
+	if (!strcmp(v, "auto") || !strcmp(v, "off"))
+		return 1;
+	if (*v < '0' || *v > '9' || strtod(v, &end) <= 0)
+		return 0;
+	return !*end || (strchr("KMGkmg", *end) && !end[1]);
+}
 
 /* signal=SIG@SECS: a signal name Slurm's --signal accepts, and the seconds
  * before the time limit; or "off". */
@@ -80,6 +96,8 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 	snprintf(site->cli, sizeof(site->cli), "%s", DEFAULT_CLI);
 	snprintf(site->bindir, sizeof(site->bindir), "%s", DEFAULT_BINDIR);
 	snprintf(site->signal, sizeof(site->signal), "%s", DEFAULT_SIGNAL);
+	snprintf(site->copy_helper, sizeof(site->copy_helper), "%s", DEFAULT_OFF);
+	snprintf(site->arena_prealloc, sizeof(site->arena_prealloc), "%s", DEFAULT_OFF);
 
 	for (int i = 0; i < ac; i++) {
 		const char *eq = strchr(av[i], '=');
@@ -93,7 +111,7 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 			}
 		}
 		if (!k) {
-			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal=)", av[i]);
+			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal= copy_helper= arena_prealloc=)", av[i]);
 			continue;
 		}
 		const char *val = eq + 1;
@@ -107,6 +125,14 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 		}
 		if (!strcmp(k->name, "signal") && !signal_valid(val)) {
 			rc = set_error(site, "plugstack.conf argument '%s' must be SIG@SECONDS (SIG one of USR1 USR2 URG XCPU PWR WINCH) or off", av[i]);
+			continue;
+		}
+		if (!strcmp(k->name, "copy_helper") && strcmp(val, "on") && strcmp(val, "off")) {
+			rc = set_error(site, "plugstack.conf argument '%s' must be on or off", av[i]);
+			continue;
+		}
+		if (!strcmp(k->name, "arena_prealloc") && !prealloc_valid(val)) {
+			rc = set_error(site, "plugstack.conf argument '%s' must be auto, off or a size such as 80G", av[i]);
 			continue;
 		}
 		memcpy((char *)site + k->offset, val, strlen(val) + 1);

@@ -18,6 +18,8 @@ struct gpucr_site {
 	char cli[PATH_MAX];         /* cli=PATH         the gpucr-hpc command    */
 	char bindir[PATH_MAX];      /* bindir=DIR       holds the srun wrapper   */
 	char signal[32];            /* signal=SIG@SECS|off  checkpoint warning  */
+	char copy_helper[8];        /* copy_helper=on|off   GPU data via a helper */
+	char arena_prealloc[32];    /* arena_prealloc=auto|SIZE|off  arena ahead */
 	char error[512];            /* first problem found, "" when none         */
 };
 

@@ -95,6 +95,40 @@ int gpucr_step_read(spank_t sp, const struct gpucr_site *site,
 	return 0;
 }
 
+/* A variable the job set itself is left as it is: the user's choice wins. */
+static int setenv_default(spank_t sp, const char *name, const char *value)
+{
+	char have[8];
+	spank_err_t rc = spank_getenv(sp, name, have, sizeof(have));
+
+	if (rc == ESPANK_SUCCESS || rc == ESPANK_NOSPACE)
+		return 0;
+	return gpucr_setenv(sp, name, value);
+}
+
+/* The site's fast path (plugstack copy_helper=on, arena_prealloc=): the copy
+ * helper on the job's run dir socket of this node (set in every step: a step
+ * inherits the batch node's path), started by the shim through the CLI when
+ * none serves, unless the job says GPUCR_COPY_HELPER=off; the arena made
+ * ready ahead of checkpoints. */
+static int fast_path_setenv(spank_t sp, const struct gpucr_site *site,
+			    const struct gpucr_step *step)
+{
+	char sock[PATH_MAX + 32], have[8] = "";
+	int rc = 0;
+
+	if (spank_getenv(sp, "GPUCR_COPY_HELPER", have, sizeof(have)) != ESPANK_SUCCESS)
+		have[0] = '\0';
+	if (!strcmp(site->copy_helper, "on") && strcmp(have, "off")) {
+		snprintf(sock, sizeof(sock), "%s/copy-helper.sock", step->rundir);
+		rc |= gpucr_setenv(sp, "GPUCR_COPY_HELPER", sock);
+		rc |= gpucr_setenv(sp, "GPUCR_COPY_HELPER_START", site->cli);
+	}
+	if (strcmp(site->arena_prealloc, "off"))
+		rc |= setenv_default(sp, "GPUCR_ARENA_PREALLOC", site->arena_prealloc);
+	return rc;
+}
+
 int gpucr_step_setenv(spank_t sp, const struct gpucr_site *site,
 		      const struct gpucr_step *step)
 {
@@ -118,6 +152,7 @@ int gpucr_step_setenv(spank_t sp, const struct gpucr_site *site,
 	if (site->vendor[0])
 		rc |= gpucr_setenv(sp, "GPUCR_VENDOR", site->vendor);
 	rc |= gpucr_setenv(sp, "GPUCR_ENABLED", "1");
+	rc |= fast_path_setenv(sp, site, step);
 	return rc ? -1 : 0;
 }
 

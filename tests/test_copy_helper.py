@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -75,3 +76,50 @@ def test_a_helper_never_runs_under_the_shim():
                       "GPUCR_RUN_DIR": "/run/gpucr/job", "GPUCR_COPY_HELPER": "/x.sock", "PATH": "/usr/bin"})
     assert env == {"LD_PRELOAD": "/usr/lib/libjemalloc.so", "PATH": "/usr/bin"}
     assert "LD_PRELOAD" not in helper_env({"LD_PRELOAD": "/lib/libgpucr-cuda.so"})
+
+
+def test_arena_prealloc_that_is_no_size_is_one_line(tmp_path):
+    r = subprocess.run(["true"], env=shim_env(tmp_path / "run", GPUCR_ARENA_PREALLOC="lots"),
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    assert r.stderr.strip() == ("gpucr: GPUCR_ARENA_PREALLOC=lots is neither a size (e.g. 80G) nor auto; "
+                                "the arena is created at the first checkpoint"), r.stderr
+
+
+def test_site_fast_path_in_a_process_without_cuda(tmp_path):
+    """A Slurm job's settings with copy_helper=on arena_prealloc=auto: a process
+    that never uses CUDA (most of a batch script) makes no arena and starts no
+    helper; the job's GPUCR_COPY_HELPER=off turns the helper off."""
+    run = tmp_path / "run"
+    started = tmp_path / "started"
+    start = tmp_path / "start-helper"
+    start.write_text(f"#!/bin/sh\ntouch {started}\n")
+    start.chmod(0o755)
+    for helper, expect in ((run / "copy-helper.sock", str(run / "copy-helper.sock")), ("off", "")):
+        p = subprocess.Popen(["sleep", "60"], env=shim_env(run, GPUCR_ARENA_PREALLOC="auto", GPUCR_COPY_HELPER=helper,
+                                                           GPUCR_COPY_HELPER_START=start))
+        try:
+            sock = run / f"{p.pid}.sock"
+            assert wait_for(sock), "no control socket appeared"
+            time.sleep(1.0)  # a few of the arena thread's looks at the footprint
+            (st,) = ask(sock, {"cmd": "status"})
+            assert st["arena_prealloc"] == "auto" and st["copy_helper"] == expect, st
+            assert st["arena_bytes"] == 0 and st["arena_segments"] == 0 and not st["arena_ready"], st
+            cp, rs = ask(sock, {"cmd": "checkpoint"}, {"cmd": "restore"})
+            assert cp["ok"] and not cp["cuda"] and rs["ok"]
+        finally:
+            p.kill()
+            p.wait()
+    assert not started.exists(), "a helper was started for a process without CUDA"
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a GPU machine: the helper would start")
+def test_ensure_a_helper_without_a_gpu_is_one_line(tmp_path):
+    """What the shim runs for GPUCR_COPY_HELPER_START, on a node where no helper can start."""
+    sock = tmp_path / "h.sock"
+    r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--ensure", "--socket", str(sock),
+                        "--idle-exit", "5"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpucr-hpc: error: the copy helper did not start:"), r.stderr
+    assert not sock.exists()

@@ -96,3 +96,57 @@ def test_run_starts_the_users_helper_once_and_it_goes_when_idle(cuda_bin, tmp_pa
         time.sleep(0.2)
     assert not _alive(helper), "the idle helper did not exit"
     assert not (run / "copy-helper.sock").exists()
+
+
+def test_site_fast_path_arena_follows_the_footprint_and_the_shim_starts_the_helper(cuda_bin, tmp_path):  # noqa: F811
+    """As a Slurm job runs with plugstack copy_helper=on arena_prealloc=auto: the
+    shim starts the helper itself (GPUCR_COPY_HELPER_START, outside the program's
+    process tree) and grows the arena to the GPU footprint in the background,
+    handing each new segment to the helper. So the checkpoint creates and pins
+    nothing, the data goes through the helper both ways, and the program ends
+    with the output of an uninterrupted run."""
+    from shim_helpers import shim_env
+    from test_shim_socket import ask
+
+    ref = subprocess.run([str(cuda_bin), "400", "2", "0"], capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stdout[-500:]
+    run = tmp_path / "run"
+    cli = tmp_path / "gpucr-hpc"
+    cli.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m gpucr_hpc "$@"\n')
+    cli.chmod(0o755)
+    env = shim_env(run, GPUCR_ARENA_PREALLOC="auto", GPUCR_COPY_HELPER=run / "copy-helper.sock",
+                   GPUCR_COPY_HELPER_START=cli, GPUCR_COPY_HELPER_IDLE="3")
+    p = subprocess.Popen([str(cuda_bin), "400", "2", "40"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    helper = None
+    try:
+        sock = run / f"{p.pid}.sock"
+        deadline, st = time.monotonic() + 120, {}
+        while time.monotonic() < deadline:
+            if sock.exists():
+                (st,) = ask(sock, {"cmd": "status"})
+                if st["arena_ready"] and st["gpu_bytes"] > 2 << 30 and st["arena_bytes"] >= st["gpu_bytes"] \
+                        and st["arena_segments"] > 0 and st["helper_segments"] == st["arena_segments"]:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the arena did not follow the footprint with the helper: {st}")
+        log = (run / "copy-helper.sock.log").read_text()
+        helper = int(log.split("(pid ")[1].split(")")[0])
+        assert helper not in [int(c) for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()]
+        cp = _gpucr(run, "checkpoint", "--pid", str(p.pid))
+        rs = _gpucr(run, "restore", "--pid", str(p.pid))
+        assert cp["processes"][0]["data_path"] == "helper" and rs["processes"][0]["data_path"] == "helper", (cp, rs)
+        (after,) = ask(sock, {"cmd": "status"})
+        for k in ("arena_bytes", "arena_segments", "helper_segments", "helper_setup_s"):  # nothing made or pinned
+            assert after[k] == st[k], (k, st, after)
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and out == ref.stdout, err[-2000:]
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    deadline = time.monotonic() + 30
+    while helper and _alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert helper and not _alive(helper), "the idle helper did not exit"

@@ -424,3 +424,49 @@ def test_batch_script_runs_under_the_supervisor(spank):
     assert f"pid={pid}" in out.splitlines()[1:], out   # the registry names the script
     assert "got USR1" in out and "no signal" not in out, out
     assert rc == 7, out
+
+
+def test_site_fast_path_reaches_every_task(spank):
+    """plugstack copy_helper=on arena_prealloc=auto: every task of every step has
+    the copy helper's socket in its own node's run dir and the command the shim
+    starts it with, and the arena setting; a job's own GPUCR_ARENA_PREALLOC and
+    GPUCR_COPY_HELPER=off win. Without them in plugstack.conf none is set."""
+    cli = spank.installed.get("cli", "/usr/local/bin/gpucr-hpc")
+    script = f"python3 {spank.probe} batch\nsrun python3 {spank.probe} step0\n"
+    jobid, rc, out = spank.batch(script, "--gpucr=on", "-N1")
+    assert rc == 0, out
+    for p in probes(out):
+        assert not {"GPUCR_COPY_HELPER", "GPUCR_COPY_HELPER_START", "GPUCR_ARENA_PREALLOC"} & set(p["env"]), p
+    spank.configure(spank.line(copy_helper="on", arena_prealloc="auto"))
+    try:
+        jobid, rc, out = spank.batch(script, "--gpucr=on", "-N2", "--ntasks-per-node=1")
+        assert rc == 0, out
+        ps = probes(out)
+        assert len(ps) == 3 and len({p["host"] for p in ps}) == 2, out
+        for p in ps:
+            # a step on another node than the batch step's gets its own node's socket
+            assert p["env"]["GPUCR_COPY_HELPER"] == p["env"]["GPUCR_RUN_DIR"] + "/copy-helper.sock", p
+            assert p["env"]["GPUCR_COPY_HELPER_START"] == cli
+            assert p["env"]["GPUCR_ARENA_PREALLOC"] == "auto"
+        env = dict(spank.cluster.env, GPUCR_ARENA_PREALLOC="40G", GPUCR_COPY_HELPER="off")
+        jobid, rc, out = spank.batch(script, "--gpucr=on", "-N1", "--export=ALL", env=env)
+        assert rc == 0, out
+        for p in probes(out):
+            assert p["env"]["GPUCR_ARENA_PREALLOC"] == "40G" and p["env"]["GPUCR_COPY_HELPER"] == "off", p
+            assert "GPUCR_COPY_HELPER_START" not in p["env"]
+    finally:
+        spank.configure(spank.line())
+
+
+@pytest.mark.parametrize("arg,says", [("copy_helper=yes", "must be on or off"),
+                                      ("arena_prealloc=lots", "must be auto, off or a size such as 80G")])
+def test_bad_fast_path_argument_fails_only_gpucr_jobs(spank, arg, says):
+    key, value = arg.split("=")
+    spank.configure(spank.line(**{key: value}))
+    try:
+        jobid, rc, out = spank.batch("echo ran\n", "--gpucr=on", "-N1")
+        assert rc != 0 and f"'{arg}'" in out and says in out, out
+        jobid, rc, out = spank.batch("echo ran\n", "-N1")
+        assert rc == 0 and "ran" in out, out
+    finally:
+        spank.configure(spank.line())

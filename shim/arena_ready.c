@@ -1,0 +1,228 @@
+/* The host arena made ready ahead of any checkpoint (GPUCR_ARENA_PREALLOC), so
+ * that creating and pre-faulting it, the staging ring and the copy helper's
+ * pinning -- seconds for tens of GiB -- are never paid on the checkpoint path.
+ *
+ *   SIZE  create and pre-fault SIZE bytes at start-up (`gpucr-hpc run --arena-size`);
+ *   auto  follow the GPU footprint: whenever the tracked GPU memory no longer
+ *         fits in the arena, grow it in the background (a Slurm job has no
+ *         size to give; plugstack arena_prealloc=auto).
+ *
+ * Once the program has a CUDA context: the staging ring (or the pinned arena,
+ * GPUCR_ARENA_PIN), and with a copy helper (GPUCR_COPY_HELPER) each new
+ * segment is handed to it to map and pin; GPUCR_COPY_HELPER_START starts the
+ * helper first when none serves. With GPUCR_ARENA_REPORT these one-time costs
+ * are told on stderr. */
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hooks.h"
+
+#define POLL_US 200000           /* how often auto looks at the footprint */
+#define GROW_MIN (256ul << 20)   /* the smallest segment auto adds */
+#define HELPER_RETRY_S 60.0      /* auto: how often to look for a missing helper again */
+#define HELPER_START_WAIT_S 120.0
+
+static size_t fixed_size; /* SIZE, or 0 for auto */
+static int report;
+static int ready;          /* the arena is there and the copy set up */
+static double helper_s;    /* the copy helper's mapping and pinning, summed */
+static pthread_t thread;
+static int running;
+
+int gpucr_arena_ready(void) { return __atomic_load_n(&ready, __ATOMIC_ACQUIRE); }
+const char *gpucr_arena_ready_mode(void) { return !running ? "off" : fixed_size ? "size" : "auto"; }
+double gpucr_arena_helper_seconds(void) { return helper_s; }
+
+static CUcontext any_context(void)
+{
+    CUcontext ctx = NULL;
+    if (!gpucr_driver_loaded())
+        return NULL;
+    gpucr_table_lock();
+    const struct u64map *ctxs = gpucr_set_map(SET_CTX);
+    U64MAP_FOREACH(ctxs, i) ctx = (CUcontext)(uintptr_t)ctxs->keys[i];
+    gpucr_table_unlock();
+    return ctx;
+}
+
+static void collect_size(struct gpucr_phys *p, void *arg)
+{
+    size_t **at = arg;
+    if (p->size && !(p->flags & (PHYS_IMPORTED | PHYS_EXPORTED))) /* what a checkpoint places */
+        *(*at)++ = p->size;
+}
+
+/* Bytes of the tracked allocations that the arena could not take now. */
+static size_t shortfall(void)
+{
+    gpucr_table_lock();
+    size_t n = gpucr_phys_count();
+    size_t *sizes = malloc((n ? n : 1) * sizeof *sizes), *at = sizes;
+    if (sizes)
+        gpucr_phys_foreach(collect_size, &at);
+    gpucr_table_unlock();
+    if (!sizes)
+        return 0;
+    size_t missing = gpucr_arena_shortfall(sizes, (size_t)(at - sizes));
+    free(sizes);
+    return missing;
+}
+
+/* The copy helper maps and pins the segments it does not have yet; started
+ * first when none serves (start). 0 when it has them all. */
+static int share_with_helper(int start, double *secs)
+{
+    double t0 = gpucr_now(), shared = 0;
+    if (start && gpucr_helper_start(HELPER_START_WAIT_S) != 0)
+        return -1;
+    int rc = gpucr_helper_share_arena(&shared);
+    helper_s += shared;
+    *secs = gpucr_now() - t0;
+    return rc;
+}
+
+static void tell(const char *what, double create_s, double copy_s, int helper_rc, double helper_secs)
+{
+    char helper_part[400] = "";
+    if (gpucr_helper_enabled() && helper_rc == 0)
+        snprintf(helper_part, sizeof helper_part, ", pinned by the copy helper %.2f s", helper_secs);
+    else if (gpucr_helper_enabled())
+        snprintf(helper_part, sizeof helper_part, ", copy helper not ready (%s): checkpoints will try again",
+                 gpucr_helper_error());
+    gpucr_log("arena %s: %zu bytes, create + pre-fault %.2f s, %s %.2f s%s", what, gpucr_arena_capacity(), create_s,
+              gpucr_pin_arena ? "pin" : "staging ring", copy_s, helper_part);
+    if (report)
+        fprintf(stderr, "gpucr: %.2f GiB arena in %s %s (one-time, off the checkpoint path: create + pre-fault %.2f s, "
+                "%s %.2f s%s)\n", gpucr_arena_capacity() / 1073741824.0, gpucr_arena_dir(), what, create_s,
+                gpucr_pin_arena ? "pin" : "staging ring", copy_s, helper_part);
+}
+
+/* auto: grow the arena whenever the footprint outgrows it; each new segment
+ * at least 1/8 of the arena, so a footprint that grows bit by bit makes few. */
+static void follow(int helper_rc)
+{
+    size_t last = (size_t)-1;
+    double helper_tried = gpucr_now();
+    for (;;) {
+        usleep(POLL_US);
+        if (!gpucr_checkpoint_running() || gpucr_arena_detached())
+            continue; /* the arena is in use */
+        size_t bytes = gpucr_phys_bytes();
+        int retry_helper = helper_rc != 0 && gpucr_helper_enabled() && gpucr_now() - helper_tried > HELPER_RETRY_S;
+        if (bytes == last && !retry_helper)
+            continue;
+        last = bytes;
+        size_t missing = shortfall(), cap = gpucr_arena_capacity();
+        double create_s = 0, helper_secs = 0;
+        if (missing) {
+            size_t more = missing > cap / 8 ? missing : cap / 8;
+            if (more < GROW_MIN)
+                more = GROW_MIN;
+            double t0 = gpucr_now();
+            if (gpucr_arena_grow(more) != 0) {
+                int e = errno;
+                gpucr_log("arena: growing by %zu bytes failed (%s)", more, strerror(e));
+                if (report)
+                    fprintf(stderr, "gpucr: growing the arena in %s by %.2f GiB failed (%s); a checkpoint will try "
+                            "again\n", gpucr_arena_dir(), more / 1073741824.0, strerror(e));
+                continue; /* again when the footprint changes */
+            }
+            create_s = gpucr_now() - t0;
+        }
+        if (gpucr_helper_enabled() && (missing || retry_helper)) {
+            helper_tried = gpucr_now();
+            helper_rc = share_with_helper(retry_helper, &helper_secs);
+        }
+        if (missing)
+            tell("grown", create_s, 0, helper_rc, helper_secs);
+    }
+}
+
+static void *ready_thread(void *arg)
+{
+    (void)arg;
+    double t0 = gpucr_now(), t1 = t0;
+    if (fixed_size) {
+        if (gpucr_arena_prealloc(fixed_size) != 0) {
+            int e = errno;
+            gpucr_log("arena preallocation of %zu bytes failed", fixed_size);
+            if (report)
+                fprintf(stderr, "gpucr: creating the %.2f GiB arena in %s failed (%s); checkpoints will grow it as "
+                        "needed\n", fixed_size / 1073741824.0, gpucr_arena_dir(), strerror(e));
+            return NULL;
+        }
+        t1 = gpucr_now();
+    }
+    CUcontext ctx;
+    while (!(ctx = any_context()))
+        usleep(POLL_US);
+    double t2 = gpucr_now();
+    if (D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) {
+        if (gpucr_pin_arena)
+            gpucr_arena_register_pending(gpucr_host_register);
+        else
+            gpucr_staging_setup();
+    }
+    double t3 = gpucr_now(), helper_secs = 0;
+    int helper_rc = gpucr_helper_enabled() ? share_with_helper(1, &helper_secs) : 0;
+    __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+    if (fixed_size)
+        tell("ready", t1 - t0, t3 - t2, helper_rc, helper_secs);
+    else {
+        tell("following the GPU footprint", 0, t3 - t2, helper_rc, helper_secs);
+        follow(helper_rc);
+    }
+    return NULL;
+}
+
+static void start(void)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old); /* the program's signals are not for this thread */
+    running = pthread_create(&thread, NULL, ready_thread, NULL) == 0;
+    if (running)
+        pthread_detach(thread);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+/* GPUCR_ARENA_PREALLOC: bytes with an optional K/M/G suffix, or auto. */
+void gpucr_arena_ready_init(const char *spec)
+{
+    if (!spec || !*spec)
+        return;
+    const char *rep = getenv("GPUCR_ARENA_REPORT");
+    report = rep && *rep && strcmp(rep, "0") != 0;
+    if (strcmp(spec, "auto") == 0)
+        fixed_size = 0;
+    else {
+        char *end;
+        double v = strtod(spec, &end);
+        double mul = (*end == 'G' || *end == 'g') ? 1073741824.0 : (*end == 'M' || *end == 'm') ? 1048576.0
+                   : (*end == 'K' || *end == 'k') ? 1024.0 : 1.0;
+        if (!(v > 0) || (*end && !strchr("GgMmKk", *end)) || (*end && end[1])) {
+            fprintf(stderr, "gpucr: GPUCR_ARENA_PREALLOC=%s is neither a size (e.g. 80G) nor auto; the arena is "
+                    "created at the first checkpoint\n", spec);
+            return;
+        }
+        fixed_size = (size_t)(v * mul);
+    }
+    start();
+}
+
+/* A forked child has an arena of its own, empty: it follows its own footprint
+ * (auto); a fixed size was the parent's. */
+void gpucr_arena_ready_after_fork_child(void)
+{
+    ready = 0;
+    helper_s = 0;
+    if (running && fixed_size == 0)
+        start();
+    else
+        running = 0;
+}
