@@ -9,9 +9,11 @@
  *
  * Once the program has a CUDA context: the staging ring (or the pinned arena,
  * GPUCR_ARENA_PIN), and with a copy helper (GPUCR_COPY_HELPER) each new
- * segment is handed to it to map and pin; GPUCR_COPY_HELPER_START starts the
- * helper first when none serves. With GPUCR_ARENA_REPORT these one-time costs
- * are told on stderr. */
+ * segment is handed to it to map and pin. GPUCR_COPY_HELPER_START starts the
+ * helper first when none serves, also without GPUCR_ARENA_PREALLOC (then the
+ * first checkpoint makes the arena); a helper that cannot start is tried
+ * again a minute later, a few times. With GPUCR_ARENA_REPORT these one-time
+ * costs are told on stderr. */
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -26,8 +28,11 @@
 #define GROW_MIN (256ul << 20)   /* the smallest segment auto adds */
 #define HELPER_RETRY_S 60.0      /* auto: how often to look for a missing helper again */
 #define HELPER_START_WAIT_S 120.0
+#define HELPER_STARTS 3          /* at most, per process: each failure is a line in the job's output */
 
-static size_t fixed_size; /* SIZE, or 0 for auto */
+enum mode { MODE_OFF, MODE_SIZE, MODE_AUTO, MODE_HELPER };
+static enum mode mode;
+static size_t fixed_size; /* MODE_SIZE */
 static int report;
 static int ready;          /* the arena is there and the copy set up */
 static double helper_s;    /* the copy helper's mapping and pinning, summed */
@@ -35,7 +40,10 @@ static pthread_t thread;
 static int running;
 
 int gpucr_arena_ready(void) { return __atomic_load_n(&ready, __ATOMIC_ACQUIRE); }
-const char *gpucr_arena_ready_mode(void) { return !running ? "off" : fixed_size ? "size" : "auto"; }
+const char *gpucr_arena_ready_mode(void)
+{
+    return mode == MODE_SIZE ? "size" : mode == MODE_AUTO ? "auto" : "off";
+}
 double gpucr_arena_helper_seconds(void) { return helper_s; }
 
 static CUcontext any_context(void)
@@ -75,10 +83,12 @@ static size_t shortfall(void)
 
 /* The copy helper maps and pins the segments it does not have yet; started
  * first when none serves (start). 0 when it has them all. */
+static int starts;
+
 static int share_with_helper(int start, double *secs)
 {
     double t0 = gpucr_now(), shared = 0;
-    if (start && gpucr_helper_start(HELPER_START_WAIT_S) != 0)
+    if (start && starts++ < HELPER_STARTS && gpucr_helper_start(HELPER_START_WAIT_S) != 0)
         return -1;
     int rc = gpucr_helper_share_arena(&shared);
     helper_s += shared;
@@ -103,7 +113,8 @@ static void tell(const char *what, double create_s, double copy_s, int helper_rc
 }
 
 /* auto: grow the arena whenever the footprint outgrows it; each new segment
- * at least 1/8 of the arena, so a footprint that grows bit by bit makes few. */
+ * at least 1/8 of the arena, so a footprint that grows bit by bit makes few.
+ * Both auto and helper-only: start a missing helper again now and then. */
 static void follow(int helper_rc)
 {
     size_t last = (size_t)-1;
@@ -112,12 +123,14 @@ static void follow(int helper_rc)
         usleep(POLL_US);
         if (!gpucr_checkpoint_running() || gpucr_arena_detached())
             continue; /* the arena is in use */
+        int retry_helper = helper_rc != 0 && starts < HELPER_STARTS && gpucr_now() - helper_tried > HELPER_RETRY_S;
+        if (mode == MODE_HELPER && !retry_helper)
+            continue;
         size_t bytes = gpucr_phys_bytes();
-        int retry_helper = helper_rc != 0 && gpucr_helper_enabled() && gpucr_now() - helper_tried > HELPER_RETRY_S;
         if (bytes == last && !retry_helper)
             continue;
         last = bytes;
-        size_t missing = shortfall(), cap = gpucr_arena_capacity();
+        size_t missing = mode == MODE_AUTO ? shortfall() : 0, cap = gpucr_arena_capacity();
         double create_s = 0, helper_secs = 0;
         if (missing) {
             size_t more = missing > cap / 8 ? missing : cap / 8;
@@ -147,7 +160,7 @@ static void *ready_thread(void *arg)
 {
     (void)arg;
     double t0 = gpucr_now(), t1 = t0;
-    if (fixed_size) {
+    if (mode == MODE_SIZE) {
         if (gpucr_arena_prealloc(fixed_size) != 0) {
             int e = errno;
             gpucr_log("arena preallocation of %zu bytes failed", fixed_size);
@@ -162,7 +175,7 @@ static void *ready_thread(void *arg)
     while (!(ctx = any_context()))
         usleep(POLL_US);
     double t2 = gpucr_now();
-    if (D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) {
+    if (mode != MODE_HELPER && D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) {
         if (gpucr_pin_arena)
             gpucr_arena_register_pending(gpucr_host_register);
         else
@@ -170,13 +183,16 @@ static void *ready_thread(void *arg)
     }
     double t3 = gpucr_now(), helper_secs = 0;
     int helper_rc = gpucr_helper_enabled() ? share_with_helper(1, &helper_secs) : 0;
-    __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
-    if (fixed_size)
+    if (mode == MODE_SIZE) {
+        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
         tell("ready", t1 - t0, t3 - t2, helper_rc, helper_secs);
-    else {
-        tell("following the GPU footprint", 0, t3 - t2, helper_rc, helper_secs);
-        follow(helper_rc);
+        return NULL;
     }
+    if (mode == MODE_AUTO) {
+        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+        tell("following the GPU footprint", 0, t3 - t2, helper_rc, helper_secs);
+    }
+    follow(helper_rc);
     return NULL;
 }
 
@@ -191,38 +207,45 @@ static void start(void)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-/* GPUCR_ARENA_PREALLOC: bytes with an optional K/M/G suffix, or auto. */
+/* GPUCR_ARENA_PREALLOC: bytes with an optional K/M/G suffix, or auto. Without
+ * it, only a helper to start (GPUCR_COPY_HELPER_START) needs the thread. */
 void gpucr_arena_ready_init(const char *spec)
 {
-    if (!spec || !*spec)
-        return;
-    const char *rep = getenv("GPUCR_ARENA_REPORT");
+    const char *rep = getenv("GPUCR_ARENA_REPORT"), *helper_start = getenv("GPUCR_COPY_HELPER_START");
     report = rep && *rep && strcmp(rep, "0") != 0;
-    if (strcmp(spec, "auto") == 0)
-        fixed_size = 0;
-    else {
+    mode = MODE_OFF;
+    if (spec && strcmp(spec, "auto") == 0)
+        mode = MODE_AUTO;
+    else if (spec && *spec) {
         char *end;
         double v = strtod(spec, &end);
         double mul = (*end == 'G' || *end == 'g') ? 1073741824.0 : (*end == 'M' || *end == 'm') ? 1048576.0
                    : (*end == 'K' || *end == 'k') ? 1024.0 : 1.0;
-        if (!(v > 0) || (*end && !strchr("GgMmKk", *end)) || (*end && end[1])) {
+        if (v > 0 && (!*end || (strchr("GgMmKk", *end) && !end[1]))) {
+            mode = MODE_SIZE;
+            fixed_size = (size_t)(v * mul);
+        } else
             fprintf(stderr, "gpucr: GPUCR_ARENA_PREALLOC=%s is neither a size (e.g. 80G) nor auto; the arena is "
                     "created at the first checkpoint\n", spec);
-            return;
-        }
-        fixed_size = (size_t)(v * mul);
     }
-    start();
+    if (mode == MODE_OFF && helper_start && *helper_start && gpucr_helper_enabled())
+        mode = MODE_HELPER;
+    if (mode != MODE_OFF)
+        start();
 }
 
 /* A forked child has an arena of its own, empty: it follows its own footprint
- * (auto); a fixed size was the parent's. */
+ * (auto) or starts its helper; a fixed size was the parent's. */
 void gpucr_arena_ready_after_fork_child(void)
 {
     ready = 0;
     helper_s = 0;
-    if (running && fixed_size == 0)
+    starts = 0;
+    if (running && (mode == MODE_AUTO || mode == MODE_HELPER))
         start();
-    else
+    else {
         running = 0;
+        if (mode == MODE_SIZE)
+            mode = MODE_OFF;
+    }
 }

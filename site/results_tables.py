@@ -24,7 +24,7 @@ REPO = SITE.parent
 RESULTS = REPO / "bench" / "results"
 DOC = SITE / "docs" / "results.md"
 IMG = SITE / "docs" / "img"
-PLOTS = ["shim-vs-driver-h100.png", "shim-vs-driver-h100-helper-run3.png", "steady-state-h100.png", "steady-state-h100-launch-bound.png"]
+PLOTS = ["shim-vs-driver-h100.png", "shim-vs-driver-h100-helper-run3.png", "shim-vs-driver-h100-helper-run5.png", "steady-state-h100.png", "steady-state-h100-launch-bound.png"]
 MISSING = "—"
 
 
@@ -1018,6 +1018,32 @@ def image_io() -> str:
     return "\n".join(out).rstrip()
 
 
+HELPER_RUNS = [("run 1", "shim-vs-driver-h100-helper.json"), ("run 2", "shim-vs-driver-h100-helper-run2.json"),
+               ("run 3", "shim-vs-driver-h100-helper-run3.json"), ("run 4", "shim-vs-driver-h100-helper-run4.json"),
+               ("run 5", "shim-vs-driver-h100-helper-run5.json"), ("run 6", "shim-vs-driver-h100-helper-run6.json")]
+
+
+def data_path_helper_floor() -> str:
+    """The prefilled restore of every copy helper run against 1/10 of the driver-only
+    restore and against its floor: the bytes at the raw host-to-device rate."""
+    header = ["run", "footprint", "driver-only restore", "1/10 of it", "the bytes at raw pinned",
+              "prefilled restore (best / worst cycle)", "/ driver only", "/ the bytes at raw", "1/10 met"]
+    rows = []
+    for label, name in HELPER_RUNS:
+        d = load(name)
+        for fp in d.get("footprints", []):
+            drv, fl = get(fp, "driver_only.restore_s"), get(fp, "ratios.physics_floor_in_s")
+            pre = [t for t in (get(c, "restore.total_s") for c in get(fp, "gpucr.prefilled") or []) if t is not None]
+            if fp.get("gib", 0) < 32 or drv is None or fl is None or not pre:
+                continue
+            rows.append([f"{label} ({d.get('date', '')[:16].replace('T', ' ')})", f"{fp['gib']:g} GiB", f"{drv:.2f} s",
+                         f"{drv / 10:.2f} s", f"{fl:.2f} s", f"{min(pre):.2f} / {max(pre):.2f} s",
+                         ratio(min(pre) / drv), f"{min(pre) / fl:.2f}",
+                         "yes" if min(pre) <= drv / 10 else ("no: 1/10 is under the bytes at raw" if drv / 10 < fl
+                                                              else "no")])
+    return table(header, rows)
+
+
 BLOCKS = {
     "job-gpu-slurm": job_gpu_slurm,
     "migration": migration,
@@ -1028,6 +1054,9 @@ BLOCKS = {
     "data-path-helper-run2": lambda: data_path("shim-vs-driver-h100-helper-run2.json"),
     "data-path-helper-run3": lambda: data_path("shim-vs-driver-h100-helper-run3.json"),
     "data-path-helper-run4": lambda: data_path("shim-vs-driver-h100-helper-run4.json"),
+    "data-path-helper-run5": lambda: data_path("shim-vs-driver-h100-helper-run5.json"),
+    "data-path-helper-run6": lambda: data_path("shim-vs-driver-h100-helper-run6.json"),
+    "data-path-helper-floor": data_path_helper_floor,
     "data-path-targets": data_path_targets,
     "data-path-runs": data_path_runs,
     "data-path-ab": data_path_ab,

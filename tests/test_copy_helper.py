@@ -87,25 +87,28 @@ def test_arena_prealloc_that_is_no_size_is_one_line(tmp_path):
 
 
 def test_site_fast_path_in_a_process_without_cuda(tmp_path):
-    """A Slurm job's settings with copy_helper=on arena_prealloc=auto: a process
-    that never uses CUDA (most of a batch script) makes no arena and starts no
-    helper; the job's GPUCR_COPY_HELPER=off turns the helper off."""
+    """A Slurm job's settings with copy_helper=on (and arena_prealloc=auto, or
+    not): a process that never uses CUDA (most of a batch script) makes no
+    arena and starts no helper; the job's GPUCR_COPY_HELPER=off turns the
+    helper off."""
     run = tmp_path / "run"
     started = tmp_path / "started"
     start = tmp_path / "start-helper"
     start.write_text(f"#!/bin/sh\ntouch {started}\n")
     start.chmod(0o755)
-    for helper, expect in ((run / "copy-helper.sock", str(run / "copy-helper.sock")), ("off", "")):
-        p = subprocess.Popen(["sleep", "60"], env=shim_env(run, GPUCR_ARENA_PREALLOC="auto", GPUCR_COPY_HELPER=helper,
-                                                           GPUCR_COPY_HELPER_START=start))
+    helper = run / "copy-helper.sock"
+    for prealloc, sock, expect in (("auto", helper, str(helper)), ("auto", "off", ""), (None, helper, str(helper))):
+        extra = {"GPUCR_ARENA_PREALLOC": prealloc} if prealloc else {}
+        p = subprocess.Popen(["sleep", "60"], env=shim_env(run, GPUCR_COPY_HELPER=sock, GPUCR_COPY_HELPER_START=start,
+                                                           **extra))
         try:
-            sock = run / f"{p.pid}.sock"
-            assert wait_for(sock), "no control socket appeared"
+            ctl = run / f"{p.pid}.sock"
+            assert wait_for(ctl), "no control socket appeared"
             time.sleep(1.0)  # a few of the arena thread's looks at the footprint
-            (st,) = ask(sock, {"cmd": "status"})
-            assert st["arena_prealloc"] == "auto" and st["copy_helper"] == expect, st
+            (st,) = ask(ctl, {"cmd": "status"})
+            assert st["arena_prealloc"] == (prealloc or "off") and st["copy_helper"] == expect, st
             assert st["arena_bytes"] == 0 and st["arena_segments"] == 0 and not st["arena_ready"], st
-            cp, rs = ask(sock, {"cmd": "checkpoint"}, {"cmd": "restore"})
+            cp, rs = ask(ctl, {"cmd": "checkpoint"}, {"cmd": "restore"})
             assert cp["ok"] and not cp["cuda"] and rs["ok"]
         finally:
             p.kill()
