@@ -46,6 +46,7 @@ from pathlib import Path
 
 from gpucr_hpc.driver_nvidia import load_bindings
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.shim_client import pid_alive
 
 MSG_MAX = 64 << 10
 MAX_FDS = 64
@@ -141,6 +142,15 @@ class Gpu:
             self.cu.cuMemAddressFree(va, size)
             raise
         return int(va)
+
+    def map_new(self, handle, size: int, steps: Steps) -> int:
+        """reserve_map(), timed as map_s; the handle is released if it cannot be mapped."""
+        try:
+            with steps.timed("map_s"):
+                return self.reserve_map(handle, size)
+        except CudaError:
+            self.release(handle)
+            raise
 
     def enqueue(self, uuid: str, dva: int, host: int, size: int, to_host: bool, steps: Steps,
                 open_for: int | None = None) -> None:
@@ -258,12 +268,7 @@ class Client:
                     else:
                         with steps.timed("import_s"):
                             h = self.gpu.import_fd(fd_of[int(b[0])])
-                        try:
-                            with steps.timed("map_s"):
-                                va = self.gpu.reserve_map(h, size)
-                        except CudaError:
-                            self.gpu.release(h)
-                            raise
+                        va = self.gpu.map_new(h, size, steps)
                         opened = ordinal
                     held.append((h, va, size))
                     self.gpu.enqueue(uuid, va, self.host(int(b[2]), int(b[3]), size), size, True, steps, opened)
@@ -294,12 +299,7 @@ class Client:
                     size = int(b[1])
                     with steps.timed("create_s"):
                         h = self.gpu.create(size, ordinal)
-                    try:
-                        with steps.timed("map_s"):
-                            va = self.gpu.reserve_map(h, size)
-                    except CudaError:
-                        self.gpu.release(h)
-                        raise
+                    va = self.gpu.map_new(h, size, steps)
                     self.made[int(b[0])] = (h, va, size)
                     self.gpu.enqueue(uuid, va, self.host(int(b[2]), int(b[3]), size), size, False, steps, ordinal)
                 if wait:
@@ -574,12 +574,8 @@ def ensure(path: Path, idle_exit: float, timeout: float = 120.0) -> int | None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:  # adopted by init, it is a zombie only until init reaps it
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
     except OSError:

@@ -70,7 +70,8 @@ def start(args, gib, shim: bool, run_dir: Path, extra_env: dict | None = None):
         if args.copy_threads:
             env["GPUCR_COPY_THREADS"] = str(args.copy_threads)
         extra = ["--arena", args.arena] if args.arena else []
-        cmd = [sys.executable, "-m", "gpucr_hpc", "run", "--arena-size", f"{gib + 0.25}G", *extra, "--"] + cmd
+        size = "auto" if args.arena_auto else f"{gib + 0.25}G"
+        cmd = [sys.executable, "-m", "gpucr_hpc", "run", "--arena-size", size, *extra, "--"] + cmd
     p = Proc(cmd, env)
     if not p.wait_steps(2, 300):
         p.p.kill()
@@ -131,6 +132,17 @@ SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "helpe
              "copy_stores", "copy_wait", "arena_setup_s")
 
 
+def ready(st: dict, args) -> bool:
+    """The arena is made (auto: grown to the footprint, and with the helper
+    every segment pinned by it): what a checkpoint would otherwise pay."""
+    if not st.get("arena_ready"):
+        return False
+    if not args.arena_auto:
+        return True
+    grown = st.get("gpu_bytes", 0) > 0 and st.get("arena_bytes", 0) >= st["gpu_bytes"]
+    return grown and (not args.copy_helper or st.get("helper_segments") == st.get("arena_segments"))
+
+
 def gpucr(args, gib) -> dict:
     run_dir = Path("/tmp/gpucr-bench-run")
     p = start(args, gib, True, run_dir)
@@ -138,11 +150,12 @@ def gpucr(args, gib) -> dict:
     try:
         c = ShimClient(pid, run_dir)
         deadline = time.monotonic() + 300
-        while not c.status().get("arena_ready") and time.monotonic() < deadline:
+        while not ready(c.status(), args) and time.monotonic() < deadline:
             time.sleep(0.1)
         st = c.status()
         one_time = {k: st.get(k) for k in ("arena_ready", "arena_setup_s", "helper_setup_s", "arena_bytes", "arena_dir",
-                                            "arena_hugetlb", "arena_pinned", "staging_bytes")}
+                                            "arena_hugetlb", "arena_pinned", "staging_bytes", "arena_prealloc",
+                                            "helper_segments", "arena_segments")}
         cycles, prefilled = [], []
         # The cycles measure each phase on its own; with the copy helper, the
         # prefilled cycles after them restore with the data moving beside the
@@ -243,6 +256,9 @@ def main():
     ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")
     ap.add_argument("--copy-helper", action="store_true",
                     help="move the data through `gpucr-hpc copy-helper` (GPUCR_COPY_HELPER), started here")
+    ap.add_argument("--arena-auto", action="store_true",
+                    help="gpucr-hpc run --arena-size auto: the arena grows in the background as the GPU memory "
+                         "does (a Slurm job's arena_prealloc=auto); the cycles start once it has")
     ap.add_argument("--prefill-cycles", type=int, default=2,
                     help="with --copy-helper: cycles more whose restore is prefilled (default 2)")
     args = ap.parse_args()
@@ -264,7 +280,7 @@ def run(args):
     res = {"device": name, "driver": driver, "cpus": len(os.sched_getaffinity(0)),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "options": {"arena": args.arena or "/dev/shm", "pin": args.pin, "copy_threads": args.copy_threads or None,
-                       "cycles": args.cycles, "copy_helper": args.copy_helper,
+                       "cycles": args.cycles, "copy_helper": args.copy_helper, "arena_auto": args.arena_auto,
                        "prefill_cycles": args.prefill_cycles if args.copy_helper else 0, "env": {k: v for k, v in os.environ.items() if k.startswith("GPUCR_")}},
            "raw_pinned": raw_bandwidth(args.raw_gib) if args.raw_gib else {}, "footprints": []}
     out = Path(args.out)

@@ -114,7 +114,8 @@ static void tell(const char *what, double create_s, double copy_s, int helper_rc
 
 /* auto: grow the arena whenever the footprint outgrows it; each new segment
  * at least 1/8 of the arena, so a footprint that grows bit by bit makes few.
- * Both auto and helper-only: start a missing helper again now and then. */
+ * Both auto and helper-only: start a missing helper again now and then, and
+ * one on the new node after a migration. */
 static void follow(int helper_rc)
 {
     size_t last = (size_t)-1;
@@ -123,7 +124,12 @@ static void follow(int helper_rc)
         usleep(POLL_US);
         if (!gpucr_checkpoint_running() || gpucr_arena_detached())
             continue; /* the arena is in use */
-        int retry_helper = helper_rc != 0 && starts < HELPER_STARTS && gpucr_now() - helper_tried > HELPER_RETRY_S;
+        double now = gpucr_now();
+        if (now < helper_tried) /* restored on another machine: its clock */
+            helper_tried = now - HELPER_RETRY_S - 1;
+        /* none yet, or none here: a restored process (migration) connects anew */
+        int retry_helper = gpucr_helper_enabled() && (helper_rc != 0 || !gpucr_helper_connected()) &&
+                           starts < HELPER_STARTS && now - helper_tried > HELPER_RETRY_S;
         if (mode == MODE_HELPER && !retry_helper)
             continue;
         size_t bytes = gpucr_phys_bytes();

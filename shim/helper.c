@@ -61,6 +61,7 @@ static void fail(const char *fmt, ...)
 
 const char *gpucr_helper_error(void) { return why[0] ? why : "unknown"; }
 const char *gpucr_helper_path(void) { return path; }
+int gpucr_helper_connected(void) { return __atomic_load_n(&sock, __ATOMIC_RELAXED) >= 0; }
 
 /* How many arena segments the helper has mapped as they are now. */
 int gpucr_helper_segments(void)

@@ -128,6 +128,7 @@ void gpucr_helper_forget(struct gpucr_phys *p); /* the helper lets go of its han
 const char *gpucr_helper_error(void); /* why its last use failed */
 const char *gpucr_helper_path(void);  /* its socket */
 int gpucr_helper_segments(void);      /* arena segments it has mapped, as they are */
+int gpucr_helper_connected(void);     /* a connection is open (none after a migration) */
 void gpucr_checkpoint_at_exit(void);
 
 #endif
