@@ -126,6 +126,45 @@ echo "after srun rc=$?"
     assert text.count("after srun rc=0") == 1, text
 
 
+
+@pytest.fixture
+def site_fast_path(slurm_cluster):
+    """plugstack copy_helper=on arena_prealloc=auto, as a GPU site would set them."""
+    conf = slurm_cluster.state / "etc" / "plugstack.conf"
+    original = conf.read_text()
+    conf.write_text(original.rstrip("\n") + " copy_helper=on arena_prealloc=auto\n")
+    yield
+    conf.write_text(original)
+
+
+def test_site_fast_path_leaves_cpu_ranks_as_they_were(slurm_cluster, workdir, site_fast_path):
+    """With the site's fast path on, every process of the job runs the shim's
+    arena thread (it waits for CUDA, which these never use): 2 nodes x 2 ranks
+    under srun are checkpointed, preempted, requeued and restored with it, count
+    once, and no copy helper is started for them."""
+    steps = 150
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}} helper=$GPUCR_COPY_HELPER arena=$GPUCR_ARENA_PREALLOC"
+srun --ntasks=4 --ntasks-per-node=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+echo "after srun rc=$?"
+""")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=2", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    ranks = [workdir / f"rank-{r}.txt" for r in range(4)]
+    wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), what="all ranks to count")
+    gpucr(slurm_cluster, "checkpoint", jobid)
+    gpucr(slurm_cluster, "preempt", jobid)
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (text, info)
+    for p in ranks:
+        assert_counted_once(p, steps)
+    assert text.count("start restart=") == 1 and text.count("after srun rc=0") == 1, text
+    assert "copy-helper.sock arena=auto" in text, text  # the settings reached the job
+    assert "copy helper" not in text.replace("copy-helper.sock", ""), text
+
 PEERS = r"""
 import os, socket, sys, time
 rank, port = int(os.environ["SLURM_PROCID"]), int(sys.argv[1])
