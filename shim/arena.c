@@ -27,7 +27,7 @@
 #define MADV_POPULATE_WRITE 23
 #endif
 #define MAX_FAULT_THREADS 8
-#define MAX_SEGS 64
+#define MAX_SEGS GPUCR_ARENA_MAX_SEGS
 #define BLOB_ALIGN 4096
 
 struct seg {
@@ -320,6 +320,12 @@ int gpucr_arena_grow(size_t more)
     pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&grow_mu);
     return 0;
+}
+
+size_t gpucr_arena_growth(size_t missing, size_t capacity)
+{
+    size_t more = missing > capacity / 8 ? missing : capacity / 8;
+    return more > (256ul << 20) ? more : (256ul << 20);
 }
 
 int gpucr_arena_prealloc(size_t size)

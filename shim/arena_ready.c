@@ -25,7 +25,6 @@
 #include "hooks.h"
 
 #define POLL_US 200000           /* how often auto looks at the footprint */
-#define GROW_MIN (256ul << 20)   /* the smallest segment auto adds */
 #define HELPER_RETRY_S 60.0      /* auto: how often to look for a missing helper again */
 #define HELPER_START_WAIT_S 120.0
 #define HELPER_STARTS 3          /* at most, per process: each failure is a line in the job's output */
@@ -112,8 +111,8 @@ static void tell(const char *what, double create_s, double copy_s, int helper_rc
                 gpucr_pin_arena ? "pin" : "staging ring", copy_s, helper_part);
 }
 
-/* auto: grow the arena whenever the footprint outgrows it; each new segment
- * at least 1/8 of the arena, so a footprint that grows bit by bit makes few.
+/* auto: grow the arena whenever the footprint outgrows it (by
+ * gpucr_arena_growth: a footprint that grows bit by bit makes few segments).
  * Both auto and helper-only: start a missing helper again now and then, and
  * one on the new node after a migration. */
 static void follow(int helper_rc)
@@ -139,9 +138,7 @@ static void follow(int helper_rc)
         size_t missing = mode == MODE_AUTO ? shortfall() : 0, cap = gpucr_arena_capacity();
         double create_s = 0, helper_secs = 0;
         if (missing) {
-            size_t more = missing > cap / 8 ? missing : cap / 8;
-            if (more < GROW_MIN)
-                more = GROW_MIN;
+            size_t more = gpucr_arena_growth(missing, cap);
             double t0 = gpucr_now();
             if (gpucr_arena_grow(more) != 0) {
                 int e = errno;

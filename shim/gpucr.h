@@ -111,6 +111,8 @@ void gpucr_table_after_fork_child(void);
 
 /* ---- arena.c: pinned host arena ------------------------------------- */
 typedef int (*gpucr_register_fn)(void *base, size_t size);
+/* Segments an arena may have: one per growth (gpucr_arena_growth). */
+#define GPUCR_ARENA_MAX_SEGS 256
 int gpucr_arena_configure(const char *dir); /* NULL: /dev/shm; 0 ok, -1 errno */
 const char *gpucr_arena_dir(void);
 int gpucr_arena_is_hugetlb(void);
@@ -125,6 +127,10 @@ int gpucr_arena_prealloc(size_t size);
 /* A new segment of at least `more` bytes, created without blocking placements:
  * 0, or -1 with errno (EBUSY while detached, ENOSPC: no segment left). */
 int gpucr_arena_grow(size_t more);
+/* How much to grow an arena of `capacity` that lacks `missing` bytes ahead of a
+ * checkpoint: at least 1/8 of it and 256 MiB, so growth in small steps makes
+ * few segments (far fewer than GPUCR_ARENA_MAX_SEGS). */
+size_t gpucr_arena_growth(size_t missing, size_t capacity);
 /* Bytes of these blobs that would not fit in the arena as it is (0: all fit). */
 size_t gpucr_arena_shortfall(const size_t *sizes, size_t n);
 int gpucr_arena_register_pending(gpucr_register_fn reg);

@@ -40,7 +40,7 @@
 
 #define BATCH 64
 #define MSG_MAX (64 << 10)
-#define MAX_SEGS 64
+#define MAX_SEGS GPUCR_ARENA_MAX_SEGS
 
 static char why[256]; /* why the last use of the helper failed */
 static int sock = -1;

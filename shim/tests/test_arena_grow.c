@@ -52,6 +52,19 @@ int main(void)
     CHECK(gpucr_arena_grow(2 * MIB) == 0 && gpucr_arena_segments() == 4);
     PASS("no growth while detached");
 
+    /* a footprint growing 20 MiB at a time up to 80 GiB, followed: few segments,
+     * never more than 1/8 + 256 MiB beyond what it needs */
+    size_t cap = 0, segs = 0;
+    for (size_t need = 20 * MIB; need <= (80ul << 30); need += 20 * MIB)
+        if (need > cap) {
+            size_t more = gpucr_arena_growth(need - cap, cap);
+            CHECK(more >= need - cap && more <= need - cap + cap / 8 + 256 * MIB);
+            cap += more;
+            segs++;
+        }
+    CHECK(segs < GPUCR_ARENA_MAX_SEGS / 4 && cap >= (80ul << 30) && cap <= (80ul << 30) * 9 / 8 + 256 * MIB);
+    PASS("a footprint growing in small steps makes few segments");
+
     gpucr_arena_destroy(NULL);
     rmdir(dir);
     return 0;
