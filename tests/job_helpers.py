@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,16 @@ echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
 echo "after python"
 """)
     return script
+
+
+@contextmanager
+def plugstack_args(cluster, args: str):
+    """The cluster's plugstack.conf line with these arguments added, for the
+    duration (the plugin re-reads it for every step)."""
+    conf = cluster.state / "etc" / "plugstack.conf"
+    original = conf.read_text()
+    conf.write_text(original.rstrip("\n") + f" {args}\n")
+    try:
+        yield
+    finally:
+        conf.write_text(original)

@@ -17,7 +17,7 @@ if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
 from job_helpers import (assert_counted_once, counting_script, finished_after_one_restart, gpucr,  # noqa: F401
-                         numbers, wait_for, workdir)
+                         numbers, plugstack_args, wait_for, workdir)
 
 
 def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):
@@ -84,16 +84,23 @@ def test_bad_job_id_is_one_line(slurm_cluster):
     assert "'12x' is not a job id" in r.stderr
 
 
+def four_ranks_script(workdir, steps: int, shown: str = ""):
+    """A batch script: a line (with `shown` expanded), 4 counting ranks under srun
+    on 2 nodes, a line after srun."""
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+echo "start restart=${{SLURM_RESTART_COUNT:-0}}{shown}"
+srun --ntasks=4 --ntasks-per-node=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+echo "after srun rc=$?"
+""")
+    return script
+
+
 def test_two_nodes_two_tasks_requeued_onto_other_nodes(slurm_cluster, workdir):
     """2 nodes x 2 tasks under srun, a command after srun; preempted, requeued onto a
     different node set, restored: every rank continues, the command after srun runs once."""
     steps = 150
-    script = workdir / "job.sh"
-    script.write_text(f"""#!/bin/bash
-echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
-srun --ntasks=4 --ntasks-per-node=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
-echo "after srun rc=$?"
-""")
+    script = four_ranks_script(workdir, steps)
     out = workdir / "job.out"
     jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=2", "-o", str(out))
     info = slurm_cluster.wait_state(jobid, "RUNNING")
@@ -126,15 +133,11 @@ echo "after srun rc=$?"
     assert text.count("after srun rc=0") == 1, text
 
 
-
 @pytest.fixture
 def site_fast_path(slurm_cluster):
     """plugstack copy_helper=on arena_prealloc=auto, as a GPU site would set them."""
-    conf = slurm_cluster.state / "etc" / "plugstack.conf"
-    original = conf.read_text()
-    conf.write_text(original.rstrip("\n") + " copy_helper=on arena_prealloc=auto\n")
-    yield
-    conf.write_text(original)
+    with plugstack_args(slurm_cluster, "copy_helper=on arena_prealloc=auto"):
+        yield
 
 
 def test_site_fast_path_leaves_cpu_ranks_as_they_were(slurm_cluster, workdir, site_fast_path):
@@ -143,12 +146,7 @@ def test_site_fast_path_leaves_cpu_ranks_as_they_were(slurm_cluster, workdir, si
     under srun are checkpointed, preempted, requeued and restored with it, count
     once, and no copy helper is started for them."""
     steps = 150
-    script = workdir / "job.sh"
-    script.write_text(f"""#!/bin/bash
-echo "start restart=${{SLURM_RESTART_COUNT:-0}} helper=$GPUCR_COPY_HELPER arena=$GPUCR_ARENA_PREALLOC"
-srun --ntasks=4 --ntasks-per-node=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
-echo "after srun rc=$?"
-""")
+    script = four_ranks_script(workdir, steps, " helper=$GPUCR_COPY_HELPER arena=$GPUCR_ARENA_PREALLOC")
     out = workdir / "job.out"
     jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=2", "-o", str(out))
     slurm_cluster.wait_state(jobid, "RUNNING")
@@ -251,11 +249,8 @@ echo "after srun rc=$?"
 @pytest.fixture
 def short_lead(slurm_cluster):
     """A 50 s checkpoint lead (plugstack signal=USR2@50), so a 2-minute job gets warned."""
-    conf = slurm_cluster.state / "etc" / "plugstack.conf"
-    original = conf.read_text()
-    conf.write_text(original.rstrip("\n") + " signal=USR2@50\n")
-    yield
-    conf.write_text(original)
+    with plugstack_args(slurm_cluster, "signal=USR2@50"):
+        yield
 
 
 def test_job_near_its_time_limit_is_checkpointed_and_goes_on(slurm_cluster, workdir, short_lead):
