@@ -56,6 +56,14 @@ static pthread_mutex_t grow_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+static int detached_locked(void)
+{
+    int n = 0;
+    for (int i = 0; i < nsegs; i++)
+        n += segs[i].detached;
+    return n;
+}
+
 static size_t gpucr_arena_capacity_locked(void)
 {
     size_t c = 0;
@@ -182,6 +190,20 @@ static void close_fd(struct seg *s)
     s->fd = -1;
 }
 
+/* s becomes a new segment of at least size bytes (rounded up to the page and
+ * to 2 MiB), mapped and pre-faulted; -1 with errno when it cannot be. */
+static int new_segment(struct seg *s, size_t size)
+{
+    *s = (struct seg){.fd = -1};
+    size = round_up(size, page > (2u << 20) ? page : (2u << 20));
+    void *p = map_new_file(s, size, NULL);
+    if (p == MAP_FAILED)
+        return -1;
+    s->base = p;
+    s->size = size;
+    return 0;
+}
+
 static int add_segment(size_t size, gpucr_register_fn reg)
 {
     if (nsegs == MAX_SEGS) {
@@ -190,16 +212,10 @@ static int add_segment(size_t size, gpucr_register_fn reg)
     }
     double t0 = gpucr_now();
     struct seg *s = &segs[nsegs];
-    s->fd = -1;
-    size = round_up(size, page > (2u << 20) ? page : (2u << 20));
-    void *p = map_new_file(s, size, NULL);
-    if (p == MAP_FAILED)
+    if (new_segment(s, size) != 0)
         return -1;
-    s->base = p;
-    s->size = size;
-    s->used = 0;
-    s->registered = 0;
-    s->detached = 0;
+    void *p = s->base;
+    size = s->size;
     if (reg) {
         if (reg(p, size) != 0) {
             munmap(p, size);
@@ -294,10 +310,7 @@ int gpucr_arena_grow(size_t more)
 {
     pthread_mutex_lock(&grow_mu);
     pthread_mutex_lock(&mu);
-    int busy = 0;
-    for (int i = 0; i < nsegs; i++)
-        busy |= segs[i].detached;
-    int full = nsegs == MAX_SEGS;
+    int busy = detached_locked() > 0, full = nsegs == MAX_SEGS;
     pthread_mutex_unlock(&mu);
     if (busy || full || more == 0) {
         pthread_mutex_unlock(&grow_mu);
@@ -305,15 +318,11 @@ int gpucr_arena_grow(size_t more)
         return -1;
     }
     double t0 = gpucr_now();
-    struct seg s = {.fd = -1};
-    size_t size = round_up(more, page > (2u << 20) ? page : (2u << 20));
-    void *p = map_new_file(&s, size, NULL);
-    if (p == MAP_FAILED) {
+    struct seg s;
+    if (new_segment(&s, more) != 0) {
         pthread_mutex_unlock(&grow_mu);
         return -1;
     }
-    s.base = p;
-    s.size = size;
     pthread_mutex_lock(&mu);
     segs[nsegs++] = s; /* only grow_mu's holder adds segments: still room */
     setup_s += gpucr_now() - t0;
@@ -497,10 +506,8 @@ int gpucr_arena_attach(gpucr_register_fn reg)
 
 int gpucr_arena_detached(void)
 {
-    int n = 0;
     pthread_mutex_lock(&mu);
-    for (int i = 0; i < nsegs; i++)
-        n += segs[i].detached;
+    int n = detached_locked();
     pthread_mutex_unlock(&mu);
     return n;
 }

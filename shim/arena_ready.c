@@ -45,18 +45,6 @@ const char *gpucr_arena_ready_mode(void)
 }
 double gpucr_arena_helper_seconds(void) { return helper_s; }
 
-static CUcontext any_context(void)
-{
-    CUcontext ctx = NULL;
-    if (!gpucr_driver_loaded())
-        return NULL;
-    gpucr_table_lock();
-    const struct u64map *ctxs = gpucr_set_map(SET_CTX);
-    U64MAP_FOREACH(ctxs, i) ctx = (CUcontext)(uintptr_t)ctxs->keys[i];
-    gpucr_table_unlock();
-    return ctx;
-}
-
 static void collect_size(struct gpucr_phys *p, void *arg)
 {
     size_t **at = arg;
@@ -175,7 +163,7 @@ static void *ready_thread(void *arg)
         t1 = gpucr_now();
     }
     CUcontext ctx;
-    while (!(ctx = any_context()))
+    while (!(ctx = gpucr_any_context()))
         usleep(POLL_US);
     double t2 = gpucr_now();
     if (mode != MODE_HELPER && D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) {

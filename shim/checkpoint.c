@@ -705,14 +705,22 @@ static int host_unregister(void *base, size_t size)
     return D.cuMemHostUnregister(base) == CUDA_SUCCESS ? 0 : -1;
 }
 
-/* Any context: host registrations are portable. */
-static CUresult any_ctx(void)
+CUcontext gpucr_any_context(void)
 {
     CUcontext ctx = NULL;
+    if (!gpucr_driver_loaded())
+        return NULL;
     gpucr_table_lock();
     const struct u64map *ctxs = gpucr_set_map(SET_CTX);
     U64MAP_FOREACH(ctxs, i) if (!ctx) ctx = (CUcontext)(uintptr_t)ctxs->keys[i];
     gpucr_table_unlock();
+    return ctx;
+}
+
+/* Any context: host registrations are portable. */
+static CUresult any_ctx(void)
+{
+    CUcontext ctx = gpucr_any_context();
     return ctx ? gpucr_use_ctx(ctx) : CUDA_ERROR_INVALID_CONTEXT;
 }
 

@@ -115,6 +115,7 @@ const char *gpucr_arena_ready_mode(void); /* "auto", "size" or "off" */
 double gpucr_arena_helper_seconds(void); /* the copy helper's mapping and pinning */
 int gpucr_host_register(void *base, size_t size); /* checkpoint.c: pins for the arena */
 int gpucr_checkpoint_running(void);              /* not checkpointed now */
+CUcontext gpucr_any_context(void);               /* one of the process's contexts, or NULL */
 /* helper.c: the copy helper path (GPUCR_COPY_HELPER) */
 int gpucr_helper_enabled(void);
 CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
