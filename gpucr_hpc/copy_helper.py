@@ -15,15 +15,17 @@ held], held when this helper made it and keeps a handle to it:
            its arena place, answer, then let go of it (held ones too)
   prefill  {blobs}: start making and filling those allocations now (while the
            driver restores the process), answer at once
-  in       {blobs}: the allocations (prefilled, or made now), filled from the
-           arena, exported: one descriptor per blob with the answer
-  in_done  {keep}: the process imported them: keep a handle to each (the
+  in       {blobs}: the allocations (prefilled, or made now), exported: one
+           descriptor per blob with the answer, sent while their copies from
+           the arena still run (the process imports and maps meanwhile)
+  in_done  {keep}: answered once those copies are done (a failed one is its
+           error); the process imported them: keep a handle to each (the
            driver does not export an imported allocation again, so the next
            `out` copies through ours), or let go (keep false)
   forget   {id}: the process freed that allocation: let go of it (no answer)
 
-Every answer is {"ok": true, ...} or {"ok": false, "error": ...}; the `out`
-and `in` answers time their steps ("map_s": seconds, ...), which the shim adds
+Every answer is {"ok": true, ...} or {"ok": false, "error": ...}; the `out`,
+`in` and `in_done` answers time their steps ("map_s": seconds, ...), which the shim adds
 up into its reply's helper_steps. An error
 leaves the process's data where it was (the shim then uses its own path).
 A closed connection lets go of everything of that process.
@@ -52,6 +54,17 @@ MSG_MAX = 64 << 10
 MAX_FDS = 64
 CHUNK = 256 << 20  # one DMA
 STREAMS = 2
+# A test fault: GPUCR_COPY_HELPER_FAIL=in_done makes the first `in_done` say its
+# copies failed, so that a GPU test sees the process fall back without loss.
+_FAULTS = set(filter(None, os.environ.get("GPUCR_COPY_HELPER_FAIL", "").split(",")))
+
+
+def fault(name: str) -> bool:
+    """True once for a fault named in GPUCR_COPY_HELPER_FAIL."""
+    if name not in _FAULTS:
+        return False
+    _FAULTS.discard(name)
+    return True
 
 
 class CudaError(Exception):
@@ -216,6 +229,7 @@ class Client:
         self.after_answer: list[tuple] = []  # (handle, va, size) to let go once answered
         self.handed: dict[int, tuple] = {}  # blob id -> (handle, va, size) sent by `in`
         self.kept: dict[int, tuple] = {}  # the same, imported by the process: ours too
+        self.filling: set[str] = set()  # GPUs whose copies for `in` may still run
 
     def host(self, seg: int, off: int, size: int) -> int:
         if seg not in self.segs:
@@ -334,6 +348,9 @@ class Client:
         self.prefills = []
 
     def on_in(self, req, fds) -> tuple[dict, list[int]]:
+        """Answered once the allocations are exported, while their copies run:
+        the process imports and maps them meanwhile, and its `in_done` waits
+        for the copies."""
         t0, steps = time.monotonic(), Steps()
         with steps.timed("waited_for_prefill_s"):
             self.wait_prefill()
@@ -346,17 +363,13 @@ class Client:
         blobs = req["blobs"]
         out = []
         try:
-            # whatever the prefill did not make; exported while the copies run
-            touched = self.make(blobs, steps, wait=False)
+            # whatever the prefill did not make
+            self.filling.update(self.make(blobs, steps, wait=False))
             with steps.timed("export_s"):
                 for b in blobs:
                     out.append(self.gpu.export_fd(self.made[int(b[0])][0]))
-            with steps.timed("wait_s"):
-                for uuid in touched:
-                    self.gpu.sync(uuid)
         except BaseException:
-            for uuid in self.gpu.streams:
-                self.gpu.settle(uuid)
+            self.settle_filling()
             for fd in out:
                 os.close(fd)
             self.drop_made()  # half-filled: a retry makes them again
@@ -365,7 +378,27 @@ class Client:
             self.handed[int(b[0])] = self.made.pop(int(b[0]))
         return {"seconds": time.monotonic() - t0, **steps}, out
 
+    def settle_filling(self) -> None:
+        for uuid in self.filling:
+            self.gpu.settle(uuid)
+        self.filling = set()
+
     def on_in_done(self, req, fds) -> dict:
+        """Once the copies of what `in` handed over are done: keep them (the
+        process imported them), or let go. A failed copy is this call's error."""
+        steps = Steps()
+        try:
+            with steps.timed("wait_s"):
+                for uuid in self.filling:
+                    self.gpu.sync(uuid)
+            if self.handed and fault("in_done"):
+                raise CudaError("a copy failed (GPUCR_COPY_HELPER_FAIL=in_done)")
+        except BaseException:
+            self.settle_filling()
+            self.let_go(self.handed.values())
+            self.handed = {}
+            raise
+        self.filling = set()
         if req and req.get("keep"):
             # a restore retried after one that failed in the process: the old one goes
             self.let_go(self.kept.pop(i) for i in self.handed.keys() & self.kept.keys())
@@ -373,7 +406,7 @@ class Client:
         else:
             self.let_go(self.handed.values())
         self.handed = {}
-        return {}
+        return {**steps}
 
     def on_forget(self, req, fds) -> None:
         got = self.kept.pop(int(req["id"]), None)
@@ -393,7 +426,10 @@ class Client:
         self.let_go(self.after_answer)
         self.after_answer = []
         self.wait_prefill()
-        self.on_in_done(None, [])
+        try:
+            self.on_in_done(None, [])
+        except Exception:
+            pass  # a failed copy: on_in_done let go of its allocations all the same
         self.drop_made()
         self.let_go(self.kept.values())
         self.kept = {}
@@ -582,13 +618,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def spawn(path: Path, timeout: float = 60.0) -> subprocess.Popen:
+def spawn(path: Path, timeout: float = 60.0, faults: str = "") -> subprocess.Popen:
     """`gpucr-hpc copy-helper --socket path` in the background, once it listens
-    (for scripts that own the helper and kill it)."""
+    (for scripts that own the helper and kill it). faults: test faults to make
+    (GPUCR_COPY_HELPER_FAIL)."""
     path = Path(path)
     path.unlink(missing_ok=True)
-    h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path)],
-                         env=helper_env(os.environ))
+    env = helper_env(os.environ)
+    if faults:
+        env["GPUCR_COPY_HELPER_FAIL"] = faults
+    h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path)], env=env)
     deadline = time.monotonic() + timeout
     while not path.exists():
         if h.poll() is not None or time.monotonic() > deadline:

@@ -210,12 +210,20 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
         if args.copy_helper:
             alive = [e for e in cyc if e["cycle"] < args.kill_helper_at]
             dead = [e for e in cyc if e["cycle"] >= args.kill_helper_at]
+            # with --helper-fails-copy the helper says cycle 0's restore copies failed
+            failed = [e for e in alive if args.helper_fails_copy and e["cycle"] == 0]
             ck["helper_moved_the_data"] = all(e["checkpoint_path"]["data_path"] == "helper" and
-                                              e["restore_path"]["data_path"] == "helper" for e in alive)
+                                              (e in failed or e["restore_path"]["data_path"] == "helper")
+                                              for e in alive)
+            if args.helper_fails_copy:
+                ck["failed_helper_copy_bounce_path_says_why"] = bool(failed) and all(
+                    e["restore_path"]["data_path"] == "bounce" and
+                    "a copy failed" in (e["restore_path"]["helper_fallback"] or "") for e in failed)
             # the helper's own timing of its steps reaches the shim's replies
             ck["helper_steps_reported"] = all(
                 "wait_s" in (e["checkpoint_path"]["helper_steps"] or {}) and
-                {"create_s", "prefill_create_s"} & set(e["restore_path"]["helper_steps"] or {}) for e in alive)
+                (e in failed or {"create_s", "prefill_create_s"} & set(e["restore_path"]["helper_steps"] or {}))
+                for e in alive)
             ck["helper_prefilled"] = any(e["restore"].get("prefill") for e in alive) if len(alive) > 1 else True
             if dead:
                 ck["without_helper_bounce_path_says_why"] = all(
@@ -243,8 +251,12 @@ def main():
                     help="the shim moves the data through `gpucr-hpc copy-helper`, started here")
     ap.add_argument("--kill-helper-at", type=int, default=1 << 30,
                     help="with --copy-helper: kill the helper before this cycle (0-based)")
+    ap.add_argument("--helper-fails-copy", action="store_true",
+                    help="with --copy-helper: the helper reports the first restore's copies failed "
+                         "(GPUCR_COPY_HELPER_FAIL=in_done): that restore must take the bounce path")
     args = ap.parse_args()
-    args.helper = copy_helper.spawn(HELPER_SOCKET) if args.copy_helper else None
+    args.helper = (copy_helper.spawn(HELPER_SOCKET, faults="in_done" if args.helper_fails_copy else "")
+                   if args.copy_helper else None)
     args.baseline_mib = gpu_used_mib()
     try:
         return verify(args)

@@ -583,6 +583,70 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_end(out);
 }
 
+/* Undoes a restore attempt: what it mapped and created goes, the data stays
+ * in the arena for the next one. */
+static void undo_restore(struct work *w)
+{
+    for (size_t i = 0; i < w->n; i++)
+        scratch_unmap(w->p[i]);
+    gpucr_map_foreach(undo_remap, NULL);
+    for (size_t i = 0; i < w->n; i++)
+        if (w->p[i]->dropped == 2) {
+            D.cuMemRelease(w->p[i]->rhandle);
+            w->p[i]->dropped = 1;
+            if (w->p[i]->flags & PHYS_HELPER_HELD)
+                gpucr_helper_forget(w->p[i]); /* the helper's handle of it too */
+        }
+}
+
+/* Physical memory back at the same addresses, filled from the arena: made and
+ * filled by the copy helper (helper 1; the copies run while this process
+ * imports and maps), or made and filled here. NULL, or why not (then undone;
+ * *rc the CUDA error). *tc: when the copying began. */
+static const char *bring_back(struct work *w, int helper, struct gpucr_copy_stats *cs, CUresult *rc, double *tc)
+{
+    const char *fail = NULL;
+    *rc = CUDA_SUCCESS;
+    *tc = gpucr_now();
+    if (helper && gpucr_helper_in(w->p, w->n, cs) != CUDA_SUCCESS)
+        return "the copy helper did not make the memory";
+    for (size_t i = 0; i < w->n && !fail && !helper; i++) {
+        struct gpucr_phys *p = w->p[i];
+        if (!p->dropped)
+            continue;
+        CUmemGenericAllocationHandle h;
+        if ((*rc = gpucr_use_ctx(p->ctx)) != CUDA_SUCCESS ||
+            (*rc = D.cuMemCreate(&h, p->size, (const CUmemAllocationProp *)p->prop, p->create_flags)) != CUDA_SUCCESS)
+            fail = *rc == CUDA_ERROR_OUT_OF_MEMORY ? "not enough free GPU memory to restore" : "re-creating GPU memory failed";
+        else {
+            p->rhandle = h;
+            p->dropped = 2; /* re-created, not yet filled */
+        }
+    }
+    if (!fail) {
+        gpucr_map_foreach(remap, rc);
+        if (*rc != CUDA_SUCCESS)
+            fail = "mapping GPU memory at its old address failed";
+    }
+    if (helper) {
+        if (gpucr_helper_in_wait(w->p, w->n, !fail, cs) != CUDA_SUCCESS && !fail)
+            fail = "the copy helper's copies failed";
+    } else if (!fail) {
+        for (size_t i = 0; i < w->n; i++)
+            w->p[i]->copy_va = 0;
+        gpucr_map_foreach(pick_source, NULL);
+        for (size_t i = 0; i < w->n && !fail; i++)
+            if (!w->p[i]->copy_va && (*rc = scratch_map(w->p[i])) != CUDA_SUCCESS)
+                fail = "mapping an allocation for copying failed";
+        *tc = gpucr_now();
+        if (!fail && (*rc = gpucr_copy(w->p, w->n, 0, cs)) != CUDA_SUCCESS)
+            fail = "copying data back to the GPU failed";
+    }
+    if (fail)
+        undo_restore(w);
+    return fail;
+}
+
 void gpucr_cmd_restore(struct jbuf *out)
 {
     char why[256];
@@ -590,64 +654,25 @@ void gpucr_cmd_restore(struct jbuf *out)
         return err(out, "not checkpointed: nothing to restore");
     if (gpucr_arena_detached())
         return err(out, "the arena is detached (a migration is under way): attach and refill it first");
-    double t0 = gpucr_now();
+    double t0 = gpucr_now(), tc;
     if (!state_cuda) {
         state = ST_RUNNING;
         return ok_with(out, "cuda", 0);
     }
     struct work w = {0, 0, 0};
     CUresult rc = CUDA_SUCCESS;
-    const char *fail = NULL;
     gpucr_table_lock();
     gpucr_phys_foreach(collect, &w);
-    /* physical memory back, at the same addresses: made and filled by the copy
-     * helper, or else here (then filled below) */
-    struct gpucr_copy_stats hs = {0};
+    /* any failure of the helper path falls back to this process's own path */
+    struct gpucr_copy_stats cs = {0};
     int helped = w.n && gpucr_helper_enabled() && gpucr_use_ctx(w.p[0]->ctx) == CUDA_SUCCESS &&
-                 gpucr_helper_in(w.p, w.n, &hs) == CUDA_SUCCESS;
-    for (size_t i = 0; i < w.n && !fail && !helped; i++) {
-        struct gpucr_phys *p = w.p[i];
-        if (!p->dropped)
-            continue;
-        CUmemGenericAllocationHandle h;
-        if ((rc = gpucr_use_ctx(p->ctx)) != CUDA_SUCCESS ||
-            (rc = D.cuMemCreate(&h, p->size, (const CUmemAllocationProp *)p->prop, p->create_flags)) != CUDA_SUCCESS)
-            fail = rc == CUDA_ERROR_OUT_OF_MEMORY ? "not enough free GPU memory to restore" : "re-creating GPU memory failed";
-        else {
-            p->rhandle = h;
-            p->dropped = 2; /* re-created, not yet filled */
-        }
-    }
-    if (!fail) {
-        gpucr_map_foreach(remap, &rc);
-        if (rc != CUDA_SUCCESS)
-            fail = "mapping GPU memory at its old address failed";
-    }
-    if (!fail) {
-        for (size_t i = 0; i < w.n; i++)
-            w.p[i]->copy_va = 0;
-        gpucr_map_foreach(pick_source, NULL);
-        for (size_t i = 0; i < w.n && !fail && !helped; i++)
-            if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
-                fail = "mapping an allocation for copying failed";
-    }
-    struct gpucr_copy_stats cs = hs;
-    double tc = gpucr_now();
-    if (!fail && !helped && (rc = gpucr_copy(w.p, w.n, 0, &cs)) != CUDA_SUCCESS)
-        fail = "copying data back to the GPU failed";
+                 bring_back(&w, 1, &cs, &rc, &tc) == NULL;
+    if (!helped)
+        cs = (struct gpucr_copy_stats){0};
+    const char *fail = helped ? NULL : bring_back(&w, 0, &cs, &rc, &tc);
     if (fail) {
         /* Stay checkpointed: the data is still in the arena; a retry may work
-         * once memory is free. Undo what this attempt created. */
-        for (size_t i = 0; i < w.n; i++)
-            scratch_unmap(w.p[i]);
-        gpucr_map_foreach(undo_remap, NULL);
-        for (size_t i = 0; i < w.n; i++)
-            if (w.p[i]->dropped == 2) {
-                D.cuMemRelease(w.p[i]->rhandle);
-                w.p[i]->dropped = 1;
-                if (w.p[i]->flags & PHYS_HELPER_HELD)
-                    gpucr_helper_forget(w.p[i]); /* the helper's handle of it too */
-            }
+         * once memory is free. */
         gpucr_table_unlock();
         free(w.p);
         snprintf(why, sizeof why, "%s (%s); the process stays checkpointed, retry restore when the GPU has room", fail, cu_name(rc));
@@ -672,7 +697,8 @@ void gpucr_cmd_restore(struct jbuf *out)
     jb_bool(out, "ok", 1);
     jb_bool(out, "cuda", 1);
     jb_f64(out, "data_s", t1 - t0);
-    /* data_s = re-create + map physical memory, then copy */
+    /* data_s = re-create + map physical memory, then copy; on the helper path
+     * the copies run beside the import and mapping, from tc ~ t0 */
     jb_f64(out, "create_s", tc - t0);
     jb_f64(out, "copy_s", cs.seconds);
     jb_data_path(out, helped, w.n, &cs);

@@ -12,8 +12,9 @@
  * allocations exportable, hooks_alloc.c), sent with its arena place; the helper
  * imports it, copies it into the arena and lets go; then the checkpoint
  * releases it as on the bounce path. In: the helper creates the allocations on
- * the same GPUs, fills them from the arena and sends them; this process imports
- * them and maps them at their old addresses. An imported allocation cannot be
+ * the same GPUs, starts filling them from the arena and sends them; this
+ * process imports them and maps them at their old addresses while the copies
+ * run, then waits for them ("in_done"). An imported allocation cannot be
  * exported again (the driver refuses), so the helper keeps its own handle to
  * what it made (PHYS_HELPER_HELD) and the next checkpoint copies through that;
  * when the application frees such an allocation, the helper is told to let go
@@ -399,24 +400,49 @@ int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n)
     return rc;
 }
 
-/* The helper's allocations, filled, imported: p[i]->rhandle, p[i]->dropped = 2.
- * On failure every import made here is released again. */
+/* Asks the helper to let go of (keep 0) or keep (keep 1) the allocations it
+ * handed over since the last call; it answers once their copies are done, with
+ * their outcome. */
+static int in_done(int keep, struct gpucr_copy_stats *st)
+{
+    char reply[1024];
+    if (call(keep ? "{\"cmd\": \"in_done\", \"keep\": true}" : "{\"cmd\": \"in_done\", \"keep\": false}",
+             NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0)
+        return -1;
+    add_steps(st, reply);
+    return 0;
+}
+
+/* Releases the imports of a failed restore (dropped 2 -> 1). */
+static void release_imports(struct gpucr_phys *const *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i]->dropped == 2) {
+            D.cuMemRelease(p[i]->rhandle);
+            p[i]->dropped = 1;
+        }
+}
+
+/* The helper makes the allocations and starts filling them; this process
+ * imports them (p[i]->rhandle, p[i]->dropped = 2) while the copies run, so the
+ * caller can map them meanwhile. On success the caller must then call
+ * gpucr_helper_in_wait(), which ends the exchange (the helper lock is held
+ * until then, so nothing else talks to the helper in between). On failure
+ * nothing stays imported. */
 CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st)
 {
     static char msg[MSG_MAX];
     char reply[1024];
     int fds[BATCH], got = 0;
-    CUresult rc = CUDA_ERROR_NOT_READY;
-    size_t done = 0;
     double t0 = gpucr_now();
     pthread_mutex_lock(&mu);
     if (connect_helper() != 0 || send_segments(p, n, &st->setup_s) != 0)
-        goto out;
+        goto fail;
     for (size_t b = 0; b < n; b += BATCH) {
         size_t k = n - b < BATCH ? n - b : BATCH;
         if (blob_list(msg, sizeof msg, "in", p + b, k) != 0 ||
             call(msg, NULL, 0, reply, sizeof reply, fds, BATCH, &got) != 0)
-            goto out;
+            goto undo;
         add_steps(st, reply);
         CUresult r = got == (int)k ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
         for (int i = 0; i < got; i++) {
@@ -426,35 +452,43 @@ CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_cop
                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) == CUDA_SUCCESS) {
                 p[b + i]->rhandle = h;
                 p[b + i]->dropped = 2;
-                p[b + i]->flags |= PHYS_HELPER_HELD;
-                done++;
             }
             close(fds[i]);
         }
-        /* the helper keeps its handles of what was imported, drops the rest */
-        if (call(r == CUDA_SUCCESS ? "{\"cmd\": \"in_done\", \"keep\": true}" : "{\"cmd\": \"in_done\", \"keep\": false}",
-                 NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0 || r != CUDA_SUCCESS) {
-            if (r != CUDA_SUCCESS)
-                fail("importing an allocation failed (CUDA error %d)", (int)r);
-            goto out;
+        if (r != CUDA_SUCCESS) {
+            fail("importing an allocation failed (CUDA error %d)", (int)r);
+            goto undo;
         }
     }
-    rc = CUDA_SUCCESS;
-out:
-    if (rc != CUDA_SUCCESS)
-        for (size_t i = 0; i < n && done; i++)
-            if (p[i]->dropped == 2) {
-                D.cuMemRelease(p[i]->rhandle);
-                p[i]->dropped = 1;
-                if (p[i]->flags & PHYS_HELPER_HELD)
-                    forget_locked(p[i]);
-                done--;
-            }
-    pthread_mutex_unlock(&mu);
     st->seconds = gpucr_now() - t0;
     st->bounce = 0;
     st->threads = 0;
-    return rc;
+    return CUDA_SUCCESS; /* mu stays held: gpucr_helper_in_wait() */
+undo:
+    if (sock >= 0)
+        in_done(0, st); /* the helper drops what it made (after its copies) */
+    release_imports(p, n);
+fail:
+    pthread_mutex_unlock(&mu);
+    st->seconds = gpucr_now() - t0;
+    return CUDA_ERROR_NOT_READY;
+}
+
+/* Waits for the copies gpucr_helper_in() started. keep 1: the caller mapped
+ * the allocations, the helper keeps its handles of them (PHYS_HELPER_HELD);
+ * keep 0: the caller gives up, the helper lets go. Either way a failure (a
+ * copy failed, the helper went away) leaves the imports to the caller to
+ * release; the data is still in the arena. */
+CUresult gpucr_helper_in_wait(struct gpucr_phys *const *p, size_t n, int keep, struct gpucr_copy_stats *st)
+{
+    double t0 = gpucr_now();
+    int rc = in_done(keep, st);
+    if (rc == 0 && keep)
+        for (size_t i = 0; i < n; i++)
+            p[i]->flags |= PHYS_HELPER_HELD;
+    pthread_mutex_unlock(&mu);
+    st->seconds += gpucr_now() - t0;
+    return rc == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 extern char **environ;

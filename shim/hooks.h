@@ -120,6 +120,8 @@ CUcontext gpucr_any_context(void);               /* one of the process's context
 int gpucr_helper_enabled(void);
 CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
 CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st);
+/* after a successful gpucr_helper_in, always: its copies done (keep: the helper keeps its handles) */
+CUresult gpucr_helper_in_wait(struct gpucr_phys *const *p, size_t n, int keep, struct gpucr_copy_stats *st);
 int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n); /* no CUDA call */
 int gpucr_helper_share_arena(double *secs); /* no CUDA call */
 int gpucr_helper_start(double timeout_s);   /* GPUCR_COPY_HELPER_START; no CUDA call */

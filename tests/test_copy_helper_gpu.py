@@ -5,7 +5,8 @@ the data both ways in every cycle, every other restore was prefilled beside the
 driver restore, the program's output is bit-identical to an uninterrupted run,
 the GPU memory was handed back and nothing leaked. And when the helper dies
 between cycles, the next checkpoints fall back to the bounce path, say why, and
-lose nothing. Skipped without a GPU."""
+lose nothing; when its copies back to the GPU fail, that restore falls back
+the same way. Skipped without a GPU."""
 
 import json
 import os
@@ -48,6 +49,15 @@ def test_copy_helper_dies_bounce_path_takes_over(cuda_bin, tmp_path):  # noqa: F
     result = verify(tmp_path, cuda_bin, "cuda_c_cudaMalloc", "--kill-helper-at", "2", "--pace-ms", "100")
     assert result["checks"]["without_helper_bounce_path_says_why"]
     assert result["cycles"][2]["checkpoint_path"]["helper_fallback"]
+
+
+def test_copy_helper_copy_fails_during_restore_bounce_path_takes_over(cuda_bin, tmp_path):  # noqa: F811
+    """The helper's copies back to the GPU fail after the process imported and
+    mapped its allocations (they overlap): the restore undoes that and takes
+    the bounce path, says why, and the output stays bit-identical."""
+    result = verify(tmp_path, cuda_bin, "cuda_c_cudaMalloc", "--helper-fails-copy")
+    assert result["checks"]["failed_helper_copy_bounce_path_says_why"]
+    assert result["cycles"][1]["restore_path"]["data_path"] == "helper"
 
 
 def _gpucr(run, *args) -> dict:

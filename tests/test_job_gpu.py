@@ -7,7 +7,8 @@ then a checksum of the parameters). It is preempted mid-run, requeued and
 restored, and its output must equal an uninterrupted run's bit for bit: no step
 repeated or skipped, same losses, same checksum. While the job waits, the GPU
 is back to its idle memory. Once with `gpucr-hpc preempt JOBID`, once preempted
-by an urgent job (no gpucr-hpc command at all). Figures go to
+by an urgent job (no gpucr-hpc command at all), once with the site's fast path
+(the copy helper and the arena made ahead) in plugstack.conf. Figures go to
 $GPUCR_RESULTS_DIR/job-gpu-slurm.json (scripts/device-gpu-slurm).
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from job_helpers import gpucr, wait_for, workdir  # noqa: F401
+from job_helpers import gpucr, plugstack_args, wait_for, workdir  # noqa: F401
 from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slurm, pytest.mark.criu]
@@ -184,8 +185,36 @@ def preempt_figures(result: dict) -> dict:
                       for u in units if "timings" in u}}
 
 
-def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt"):
-    """The job's owner (root, or an ordinary user) preempts it with gpucr-hpc."""
+def shim_status(cluster, jobid) -> list[dict]:
+    """`gpucr-hpc status` of the job's shimmed processes, from their node run dirs
+    (each node's run dir is kept under the cluster's state, scripts/testcluster)."""
+    rows = []
+    for d in Path(cluster.state, "run").glob(f"*/{jobid}"):
+        r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "status", "--run-dir", str(d), "--json"],
+                           capture_output=True, text=True, env=cluster.env, timeout=60)
+        rows += json.loads(r.stdout) if r.returncode == 0 else []
+    return rows
+
+
+def fast_path_ready(cluster, jobid) -> bool:
+    """The GPU process's arena holds its footprint and the copy helper pinned it all."""
+    return any(st.get("ok") and st.get("gpu_bytes", 0) > 0 and st.get("arena_bytes", 0) >= st["gpu_bytes"]
+               and st.get("helper_segments") == st.get("arena_segments") for st in shim_status(cluster, jobid))
+
+
+def data_paths(cluster, jobid) -> list[str]:
+    """How each CUDA process's data left the GPU, from the checkpoint manifests."""
+    out = []
+    for m in Path(cluster.state, "images", jobid).glob("gen-*/**/manifest.json"):
+        for p in json.loads(m.read_text()).get("gpu_processes", []):
+            if p.get("cuda"):
+                out.append(p.get("data_path"))
+    return out
+
+
+def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt", fast_path=False):
+    """The job's owner (root, or an ordinary user) preempts it with gpucr-hpc.
+    fast_path: the preemption waits until the arena and the helper are ready."""
     idle = int(smi("memory.used")[0])
     jobid, train_out, job_out = submit(cluster, workdir, user)
     vram = VramSampler()
@@ -193,6 +222,14 @@ def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt"):
     try:
         cluster.wait_state(jobid, "RUNNING", timeout=60)
         wait_for(lambda: steps(train_out) >= AT, timeout=180, what=f"step {AT}")
+        if fast_path:
+            t = time.monotonic()
+            wait_for(lambda: fast_path_ready(cluster, jobid), timeout=120, what="the arena and the copy helper",
+                     detail=lambda: shim_status(cluster, jobid))
+            figures["fast_path_ready_wait_s"] = round(time.monotonic() - t, 2)
+            figures["shim_status"] = [{k: st.get(k) for k in ("gpu_bytes", "arena_bytes", "arena_segments",
+                                                               "helper_segments", "arena_prealloc", "copy_helper")}
+                                      for st in shim_status(cluster, jobid) if st.get("gpu_bytes")]
         figures["vram_mib_before"] = vram.last_before(time.monotonic())
         t0 = time.monotonic()
         if user is None:
@@ -219,6 +256,18 @@ def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt"):
 
 def test_gpu_job_preempted_requeued_restored_bit_identical(slurm_cluster, workdir, reference):
     preempted_by_owner(slurm_cluster, workdir, reference)
+
+
+def test_gpu_job_with_the_site_fast_path(slurm_cluster, workdir, reference):
+    """The site's fast path (plugstack copy_helper=on arena_prealloc=auto): the
+    job's shim starts the node's copy helper and grows the arena ahead; the
+    preemption's checkpoint moves the GPU data through the helper; while the job
+    waits the helper is gone with the job's run dir (the GPU back to idle, checked
+    in preempted_by_owner); the restored job's output is bit-identical."""
+    with plugstack_args(slurm_cluster, "copy_helper=on arena_prealloc=auto"):
+        jobid, _ = preempted_by_owner(slurm_cluster, workdir, reference, name="fast_path", fast_path=True)
+    paths = data_paths(slurm_cluster, jobid)
+    assert paths and set(paths) == {"helper"}, paths
 
 
 def test_ordinary_users_gpu_job_preempted_requeued_restored(slurm_cluster, users, users_tmp, reference):
