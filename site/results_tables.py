@@ -24,7 +24,7 @@ REPO = SITE.parent
 RESULTS = REPO / "bench" / "results"
 DOC = SITE / "docs" / "results.md"
 IMG = SITE / "docs" / "img"
-PLOTS = ["shim-vs-driver-h100.png", "shim-vs-driver-h100-helper-run3.png", "shim-vs-driver-h100-helper-run5.png", "steady-state-h100.png", "steady-state-h100-launch-bound.png"]
+PLOTS = ["shim-vs-driver-h100.png", "shim-vs-driver-h100-helper-run3.png", "shim-vs-driver-h100-helper-run5.png", "shim-vs-driver-h100-helper-run7.png", "steady-state-h100.png", "steady-state-h100-launch-bound.png"]
 MISSING = "—"
 
 
@@ -79,22 +79,26 @@ def measured(d: dict, name: str) -> str:
 # -- the blocks -------------------------------------------------------------------
 
 def job_gpu_slurm() -> str:
-    name = "job-gpu-slurm-h100.json"
-    d = load(name)
-    cols = [("preempt", "root, `gpucr-hpc preempt`"),
-            ("user_preempt", "ordinary user, `gpucr-hpc preempt`"),
-            ("urgent", "urgent job, no command")]
+    name, fast = "job-gpu-slurm-h100.json", "job-gpu-slurm-fast-path-h100.json"
+    d, f = load(name), load(fast)
+    cols = [(d, "preempt", "root, `gpucr-hpc preempt`"),
+            (d, "user_preempt", "ordinary user, `gpucr-hpc preempt`"),
+            (d, "urgent", "urgent job, no command"),
+            (f, "fast_path", "root, `gpucr-hpc preempt`, site fast path")]
     w = d.get("workload", {})
     head = [measured(d, name) + f" PyTorch {d.get('torch', MISSING)}.",
+            "",
+            "The last column: " + measured(f, fast)[0].lower() + measured(f, fast)[1:]
+            + f" PyTorch {f.get('torch', MISSING)}.",
             "",
             f"Workload: `{w.get('script')}`, {w.get('steps')} steps, {w.get('ballast_gib')} GiB of "
             f"ballast on the GPU, {w.get('pace_s')} s pause per step, preempted at step "
             f"{w.get('preempt_at_step')} or later. The same run without gpucr-hpc took "
-            f"{s(d.get('reference_s'))}.",
+            f"{s(d.get('reference_s'))} (last column's run: {s(f.get('reference_s'))}).",
             ""]
 
     def rows(spec):
-        return [[label] + [fmt(get(d.get(k, {}), path)) for k, _ in cols] for label, path, fmt in spec]
+        return [[label] + [fmt(get(src.get(k, {}), path)) for src, k, _ in cols] for label, path, fmt in spec]
 
     ckpt = [
         ("job owner", "user", lambda v: v or MISSING),
@@ -133,7 +137,7 @@ def job_gpu_slurm() -> str:
         ("lowest while the job was requeued", "vram_min_mib_while_requeued", mib),
         ("after the restore", "vram_mib_after_restore", mib),
     ]
-    header = [""] + [c for _, c in cols]
+    header = [""] + [c for _, _, c in cols]
     return "\n".join(head + [
         "Checkpoint (the phases are those of the job's one unit, `batch`):", "",
         table(header, rows(ckpt)), "",
@@ -272,12 +276,13 @@ def first_cycle(fp: dict) -> dict:
 
 
 def setup_parts(fp: dict) -> tuple:
-    """(create + pre-fault s, staging ring or pin s) from the line `gpucr-hpc run` printed."""
-    for line in get(fp, "gpucr.one_time.run_stderr") or []:
-        m = re.search(r"create \+ pre-fault ([0-9.]+) s, (?:staging ring|pin) ([0-9.]+) s", line)
-        if m:
-            return float(m.group(1)), float(m.group(2))
-    return None, None
+    """(create + pre-fault s, staging ring or pin s) from the lines `gpucr-hpc run` printed:
+    summed, since an arena grown in the background reports each growth."""
+    found = [tuple(map(float, m.groups())) for line in get(fp, "gpucr.one_time.run_stderr") or []
+             for m in [re.search(r"create \+ pre-fault ([0-9.]+) s, (?:staging ring|pin) ([0-9.]+) s", line)] if m]
+    if not found:
+        return None, None
+    return sum(a for a, _ in found), sum(b for _, b in found)
 
 
 def threads_of(fp: dict):
@@ -365,7 +370,10 @@ def data_path(name: str = "shim-vs-driver-h100.json") -> str:
         paths = [get(c, f"{way}.shim.data_path") for fp in fps
                  for c in (get(fp, "gpucr.cycles") or []) + (get(fp, "gpucr.prefilled") or []) for way in ("checkpoint", "restore")]
         head[2] = (f"gpucr-hpc with the copy helper (`GPUCR_COPY_HELPER`): arena in `{opt.get('arena', MISSING)}`, "
-                   f"pinned by the helper once at start-up; the data moved through the helper in "
+                   + ("grown in the background as the program's GPU memory grew (`--arena-auto`), each new "
+                      "segment pinned by the helper as it came; " if opt.get("arena_auto") else
+                      "pinned by the helper once at start-up; ")
+                   + f"the data moved through the helper in "
                    f"{sum(p == 'helper' for p in paths)} of {len(paths)} checkpoints and restores. "
                    f"{opt.get('cycles', MISSING)} cycles per footprint restored without prefill (the table shows "
                    f"the last: each phase on its own), then {opt.get('prefill_cycles', MISSING)} restored with the "
@@ -407,7 +415,8 @@ def data_path(name: str = "shim-vs-driver-h100.json") -> str:
         ("the bytes at raw pinned bandwidth, out / in",
          lambda fp, c: f"{s(get(fp, 'ratios.physics_floor_out_s'))} / {s(get(fp, 'ratios.physics_floor_in_s'))}"),
         ("output identical to the driver-only run's", lambda fp, c: yes(fp.get("bit_identical"))),
-        ("**one-time**, at start: arena set-up", lambda fp, c: s(get(fp, "gpucr.one_time.arena_setup_s"))),
+        ("**one-time**, " + ("while the program ran: arena growth" if opt.get("arena_auto") else "at start: arena set-up"),
+         lambda fp, c: s(get(fp, "gpucr.one_time.arena_setup_s"))),
         ("&nbsp;&nbsp;create + pre-fault / staging ring",
          lambda fp, c: " / ".join(s(v) for v in setup_parts(fp))),
     ] + ([
@@ -1020,7 +1029,12 @@ def image_io() -> str:
 
 HELPER_RUNS = [("run 1", "shim-vs-driver-h100-helper.json"), ("run 2", "shim-vs-driver-h100-helper-run2.json"),
                ("run 3", "shim-vs-driver-h100-helper-run3.json"), ("run 4", "shim-vs-driver-h100-helper-run4.json"),
-               ("run 5", "shim-vs-driver-h100-helper-run5.json"), ("run 6", "shim-vs-driver-h100-helper-run6.json")]
+               ("run 5", "shim-vs-driver-h100-helper-run5.json"), ("run 6", "shim-vs-driver-h100-helper-run6.json"),
+               ("run 7", "shim-vs-driver-h100-helper-run7.json"), ("run 8", "shim-vs-driver-h100-helper-run8.json"),
+               ("auto arena", "shim-vs-driver-h100-helper-auto.json"),
+               ("run 9", "shim-vs-driver-h100-helper-run9.json"), ("run 10", "shim-vs-driver-h100-helper-run10.json")]
+# the runs of the code whose restore imports and maps while the helper's copies run
+CURRENT_HELPER_RUNS = ("run 7", "run 8", "auto arena", "run 9", "run 10")
 
 
 def data_path_helper_floor() -> str:
@@ -1044,6 +1058,62 @@ def data_path_helper_floor() -> str:
     return table(header, rows)
 
 
+def data_path_helper_targets() -> str:
+    """Each target of the data path, per copy helper run of the current code, from
+    that run alone: the figures the benchmark's ratios take (the last cycle of
+    each footprint; the restore is the prefilled one, what `restore` does)."""
+    header = ["run", "data out, lowest share of raw", "data in, lowest share of raw",
+              "checkpoint / driver only, from 32 GiB (worst)", "restore / driver only, from 32 GiB (worst)",
+              "70 GB: data handed back (slowest cycle)", "1 GiB / driver only, checkpoint · restore (worst)",
+              "all targets in this run"]
+    rows = []
+    for label, name in HELPER_RUNS:
+        if label not in CURRENT_HELPER_RUNS:
+            continue
+        d = load(name)
+        fps = [fp for fp in d.get("footprints", []) if fp.get("ratios")]
+        if not fps:
+            continue
+        checks = []
+
+        def worst(vals, pick, ok):
+            vals = [(g, v) for g, v in vals if v is not None]
+            if not vals:
+                return "—"
+            g, v = pick(vals, key=lambda x: x[1])
+            checks.append(ok(v))
+            return g, v
+
+        out = worst([(fp["gib"], get(fp, "ratios.data_out_vs_raw")) for fp in fps], min, lambda v: v >= 0.8)
+        inn = worst([(fp["gib"], get(fp, "ratios.data_in_vs_raw")) for fp in fps], min, lambda v: v >= 0.8)
+        big = [fp for fp in fps if fp["gib"] >= 32]
+        cp = worst([(fp["gib"], get(fp, "ratios.checkpoint_total_vs_driver")) for fp in big], max, lambda v: v <= 0.1)
+        rs = worst([(fp["gib"], get(fp, "ratios.restore_prefilled_vs_driver")) for fp in big], max, lambda v: v <= 0.1)
+        top = next((fp for fp in fps if fp["gib"] >= 70), None)
+        hb = None
+        if top:
+            t = [get(c, "vram.data_handed_back_s") for c in cycles_of(top) + (get(top, "gpucr.prefilled") or [])]
+            t = [v for v in t if v is not None]
+            hb = max(t) if t else None
+            if hb is not None:
+                checks.append(hb <= 2.0)
+        small = min(fps, key=lambda fp: fp["gib"])
+        sm = [get(small, "ratios.checkpoint_total_vs_driver"), get(small, "ratios.restore_prefilled_vs_driver")]
+        if None not in sm:
+            checks.append(max(sm) <= 1.0)
+
+        def pair(x, fmt):
+            return x if isinstance(x, str) else f"{fmt(x[1])} ({x[0]:g} GiB)"
+
+        rows.append([f"{label} ({d.get('date', '')[:16].replace('T', ' ')})", pair(out, share), pair(inn, share),
+                     pair(cp, ratio), pair(rs, ratio),
+                     f"{hb:.2f} s" if hb is not None else "not run (up to 32 GiB)",
+                     " · ".join(f"{v:.2f}" for v in sm) if None not in sm else "—",
+                     ("yes" if all(checks) else f"no: {len(checks) - sum(checks)} of {len(checks)} missed")
+                     + ("" if top else " (no 70 GiB)")])
+    return table(header, rows)
+
+
 BLOCKS = {
     "job-gpu-slurm": job_gpu_slurm,
     "migration": migration,
@@ -1056,7 +1126,10 @@ BLOCKS = {
     "data-path-helper-run4": lambda: data_path("shim-vs-driver-h100-helper-run4.json"),
     "data-path-helper-run5": lambda: data_path("shim-vs-driver-h100-helper-run5.json"),
     "data-path-helper-run6": lambda: data_path("shim-vs-driver-h100-helper-run6.json"),
+    "data-path-helper-run7": lambda: data_path("shim-vs-driver-h100-helper-run7.json"),
+    "data-path-helper-auto": lambda: data_path("shim-vs-driver-h100-helper-auto.json"),
     "data-path-helper-floor": data_path_helper_floor,
+    "data-path-helper-targets": data_path_helper_targets,
     "data-path-targets": data_path_targets,
     "data-path-runs": data_path_runs,
     "data-path-ab": data_path_ab,
