@@ -608,8 +608,10 @@ static const char *bring_back(struct work *w, int helper, struct gpucr_copy_stat
     const char *fail = NULL;
     *rc = CUDA_SUCCESS;
     *tc = gpucr_now();
-    if (helper && gpucr_helper_in(w->p, w->n, cs) != CUDA_SUCCESS)
+    if (helper && gpucr_helper_in(w->p, w->n, cs) != CUDA_SUCCESS) {
+        undo_restore(w); /* what it imported before it failed */
         return "the copy helper did not make the memory";
+    }
     for (size_t i = 0; i < w->n && !fail && !helper; i++) {
         struct gpucr_phys *p = w->p[i];
         if (!p->dropped)

@@ -413,22 +413,13 @@ static int in_done(int keep, struct gpucr_copy_stats *st)
     return 0;
 }
 
-/* Releases the imports of a failed restore (dropped 2 -> 1). */
-static void release_imports(struct gpucr_phys *const *p, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (p[i]->dropped == 2) {
-            D.cuMemRelease(p[i]->rhandle);
-            p[i]->dropped = 1;
-        }
-}
-
 /* The helper makes the allocations and starts filling them; this process
  * imports them (p[i]->rhandle, p[i]->dropped = 2) while the copies run, so the
  * caller can map them meanwhile. On success the caller must then call
  * gpucr_helper_in_wait(), which ends the exchange (the helper lock is held
  * until then, so nothing else talks to the helper in between). On failure
- * nothing stays imported. */
+ * the helper has let go, and what was imported already (dropped 2) is the
+ * caller's to release, as after a failed gpucr_helper_in_wait(). */
 CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st)
 {
     static char msg[MSG_MAX];
@@ -467,7 +458,6 @@ CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_cop
 undo:
     if (sock >= 0)
         in_done(0, st); /* the helper drops what it made (after its copies) */
-    release_imports(p, n);
 fail:
     pthread_mutex_unlock(&mu);
     st->seconds = gpucr_now() - t0;

@@ -196,10 +196,10 @@ def shim_status(cluster, jobid) -> list[dict]:
     return rows
 
 
-def fast_path_ready(cluster, jobid) -> bool:
-    """The GPU process's arena holds its footprint and the copy helper pinned it all."""
+def fast_path_ready(rows: list[dict]) -> bool:
+    """A GPU process's arena holds its footprint and the copy helper pinned it all."""
     return any(st.get("ok") and st.get("gpu_bytes", 0) > 0 and st.get("arena_bytes", 0) >= st["gpu_bytes"]
-               and st.get("helper_segments") == st.get("arena_segments") for st in shim_status(cluster, jobid))
+               and st.get("helper_segments") == st.get("arena_segments") for st in rows)
 
 
 def data_paths(cluster, jobid) -> list[str]:
@@ -223,13 +223,17 @@ def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt", f
         cluster.wait_state(jobid, "RUNNING", timeout=60)
         wait_for(lambda: steps(train_out) >= AT, timeout=180, what=f"step {AT}")
         if fast_path:
-            t = time.monotonic()
-            wait_for(lambda: fast_path_ready(cluster, jobid), timeout=120, what="the arena and the copy helper",
-                     detail=lambda: shim_status(cluster, jobid))
+            t, seen = time.monotonic(), []
+
+            def ready():
+                seen[:] = shim_status(cluster, jobid)
+                return fast_path_ready(seen)
+
+            wait_for(ready, timeout=120, what="the arena and the copy helper", detail=lambda: seen)
             figures["fast_path_ready_wait_s"] = round(time.monotonic() - t, 2)
             figures["shim_status"] = [{k: st.get(k) for k in ("gpu_bytes", "arena_bytes", "arena_segments",
                                                                "helper_segments", "arena_prealloc", "copy_helper")}
-                                      for st in shim_status(cluster, jobid) if st.get("gpu_bytes")]
+                                      for st in seen if st.get("gpu_bytes")]
         figures["vram_mib_before"] = vram.last_before(time.monotonic())
         t0 = time.monotonic()
         if user is None:
