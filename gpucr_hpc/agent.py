@@ -34,7 +34,7 @@ from pathlib import Path
 from gpucr_hpc import job_images, migrate
 from gpucr_hpc import manifest as mf
 from gpucr_hpc import criu as criu_mod
-from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
 from gpucr_hpc.job_units import Unit, foreign_connections, local_units
 from gpucr_hpc.site import load_site
 
@@ -230,9 +230,9 @@ def _in_place(job: dict, action: str) -> dict:
             done.append({"unit": u.name, "bytes": rep["bytes"], "processes": len(rep["processes"]),
                          "gpu_processes": sum(1 for p in rep["processes"] if p["cuda"]),
                          "phases": rep["phases"]})
+        except (NoGpuState, NotCheckpointed):
+            continue  # nothing on a GPU in this unit, or nothing left to restore
         except GpucrError as e:
-            if "no GPU process and no gpucr shim" in e.cause or "is not checkpointed" in e.cause:
-                continue  # nothing on a GPU in this unit, or nothing left to restore
             errors.append(f"{u.name} on {node}: {e.one_line()}")
     return {"node": node, "ok": not errors, "units": done, "errors": errors,
             "seconds": time.monotonic() - t0}

@@ -19,3 +19,11 @@ class GpucrError(Exception):
         if self.fix:
             text += f"; {self.fix}"
         return " ".join(text.split())
+
+
+class NoGpuState(GpucrError):
+    """A process tree with no GPU process and no shim: nothing of it to yield."""
+
+
+class NotCheckpointed(GpucrError):
+    """A process tree with nothing checkpointed: nothing of it to restore."""

@@ -47,7 +47,7 @@ from gpucr_hpc import criu as criu_mod
 from gpucr_hpc import gpu_image, gpu_inventory, gpu_remap, image_store, process_cr
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.shim_client import ShimClient, socket_path
+from gpucr_hpc.shim_client import ShimClient
 
 TIMEOUT_MS = process_cr.DEFAULT_TIMEOUT_MS
 
@@ -139,7 +139,7 @@ class GpuCheckpoint:
 
     def _save(self, tg) -> dict:
         rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
-               "socket": str(socket_path(tg.pid, self.run_dir)) if tg.shim else None}
+               "socket": str(ShimClient(tg.pid, self.run_dir).path) if tg.shim else None}
         reply = tg.result.get("checkpoint", {}) if tg.shim else {}
         if reply.get("data_path"):  # how the data left the GPU (helper, bounce, direct)
             rec["data_path"] = reply["data_path"]

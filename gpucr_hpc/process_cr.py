@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpucr_hpc.criu import process_tree
-from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.shim_client import ShimClient, pid_alive, shimmed_pids
+from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
+from gpucr_hpc.shim_client import (ShimClient, control_socket, pid_alive, shimmed_pids, socket_path,
+                                   uses_shim)
 
 DEFAULT_TIMEOUT_MS = 10_000
 
@@ -62,13 +63,15 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
     driver API is initialised here (cuInit takes a while in a fresh process)."""
     if not pid_alive(pid):
         raise GpucrError(f"no process {pid}", "check the PID")
-    shimmed = set(shimmed_pids(run_dir))
     targets = []
     for p in process_tree(pid):
-        t = Target(p, shim=p in shimmed)
+        sock = control_socket(p, run_dir)
+        t = Target(p, shim=sock is not None)
         if t.shim:
-            st = ShimClient(p, run_dir).status()
+            st = ShimClient(p, run_dir, path=sock).status()
             t.cuda, t.shim_state = bool(st.get("cuda")), st.get("state", "")
+        else:
+            _refuse_unreachable_shim(p)
         targets.append(t)
     if before_driver:
         before_driver(targets)
@@ -86,9 +89,28 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
             t.driver_state = driver.state(t.pid)
             t.cuda = t.cuda or t.driver_state is not None
     if not any(t.shim or t.cuda for t in targets):
-        raise GpucrError(f"process {pid} has no GPU process and no gpucr shim in its tree",
+        raise NoGpuState(f"process {pid} has no GPU process and no gpucr shim in its tree",
                          "start the program with `gpucr-hpc run -- CMD`")
     return targets, driver
+
+
+def _uses_cuda(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return any("libcuda.so" in line for line in maps)
+    except OSError:
+        return False
+
+
+def _refuse_unreachable_shim(pid: int) -> None:
+    """A GPU process whose shim cannot be asked must not be checkpointed by the
+    driver alone: its gate stays open, a call it makes then blocks in the driver's
+    lock, and a later yield of the shim (SIGTSTP) waits for that call in vain."""
+    if uses_shim(pid) and _uses_cuda(pid):
+        raise GpucrError(f"process {pid} runs under the gpucr shim but its control socket cannot be "
+                         f"found (its socket file was removed?)",
+                         "the process cannot be checkpointed; `gpucr-hpc status` lists the processes "
+                         "that answer")
 
 
 def _parallel(fn, items):
@@ -116,7 +138,8 @@ def shim_checkpoint(targets, timeout_ms: int, run_dir: Path | None = None) -> li
         if not r.get("ok"):
             why = r.get("error", "checkpoint failed")
             raise GpucrError(f"process {t.pid}: {why}",
-                             "retry when the GPU is less busy, or give a longer --timeout" if "timed out" in why else "")
+                             "retry when the GPU is less busy, or give a longer --timeout"
+                             if r.get("reason") == "quiesce_timeout" else "")
         t.shim_state = "checkpointed"
         return t
 
@@ -251,7 +274,7 @@ def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) ->
 
     targets, driver = discover(pid, run_dir, before_driver=start_prefill)
     if not any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed") for t in targets):
-        raise GpucrError(f"process {pid} is not checkpointed", "nothing to restore")
+        raise NotCheckpointed(f"process {pid} is not checkpointed", "nothing to restore")
     if driver:
         driver_restore(driver, targets)
     phases["control_s"] = time.monotonic() - t0
@@ -265,8 +288,10 @@ def status_all(run_dir: Path | None = None) -> list[dict]:
     """The shim status of every shimmed process in the run dir."""
     out = []
     for pid in shimmed_pids(run_dir):
+        # by its socket's name: a restored process's PID here may be another's
+        client = ShimClient(pid, run_dir, timeout=5.0, path=socket_path(pid, run_dir))
         try:
-            st = ShimClient(pid, run_dir, timeout=5.0).status()
+            st = client.status()
         except GpucrError as e:
             st = {"ok": False, "pid": pid, "error": e.cause}
         try:

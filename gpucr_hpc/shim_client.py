@@ -3,6 +3,11 @@
 Every process running under `libgpucr-cuda.so` serves `<run dir>/<pid>.sock`.
 The run dir is `$GPUCR_RUN_DIR`, else `$XDG_RUNTIME_DIR/gpucr`, else
 `/tmp/gpucr-<uid>` — the same rule the shim applies (shim/control.c).
+
+A process restored from an image keeps the socket it had: bound under the run
+dir where it first ran, and named after its PID there, which is its PID inside
+the new PID namespace of a restore, not the PID seen here. So a process's socket
+is found from the process itself (`control_socket`), not from its PID.
 """
 
 from __future__ import annotations
@@ -77,8 +82,83 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def _own_pid(pid: int) -> int:
+    """PID's PID inside its own PID namespace (what the shim named its socket after)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
+def control_socket(pid: int, run_dir: Path | None = None) -> Path | None:
+    """The control socket process PID serves, or None. Found from the process: the
+    listening Unix socket among its descriptors named `<its own PID>.sock` (wherever
+    it was bound); where its descriptors cannot be read, `<run dir>/<pid>.sock`."""
+    inodes = _socket_inodes(pid)
+    if not inodes:
+        guess = socket_path(pid, run_dir)
+        return guess if guess.is_socket() and not os.access(f"/proc/{pid}/fd", os.R_OK) else None
+    name = f"{_own_pid(pid)}.sock"
+    try:
+        table = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for row in table:  # Num RefCount Protocol Flags Type St Inode Path
+        f = row.split()
+        if len(f) >= 8 and int(f[6]) in inodes and f[7].endswith("/" + name):
+            path = Path(f[7])
+            return path if path.is_socket() else None
+    return None
+
+
+def uses_shim(pid: int) -> bool:
+    """Whether the shim is loaded in process PID (it then also has a control socket)."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return any(SHIM_NAME in line for line in maps)
+    except OSError:
+        return False
+
+
+def _listened(path: Path) -> bool:
+    """Whether a process still serves the socket at path (whatever its PID here)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2.0)
+    try:
+        s.connect(str(path))
+        return True
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True  # busy or not ours to ask: not known to be stale
+    finally:
+        s.close()
+
+
 def shimmed_pids(run_dir: Path | None = None, clean: bool = True) -> list[int]:
-    """PIDs with a control socket in the run dir; stale sockets are removed."""
+    """The PIDs the control sockets in the run dir are named after (a restored
+    process's PID inside its namespace); sockets nobody serves any more are removed.
+    A socket is stale only when nobody listens on it: a restored process's socket is
+    named after a PID that may not exist here."""
     d = run_dir or default_run_dir()
     pids = []
     try:
@@ -88,9 +168,8 @@ def shimmed_pids(run_dir: Path | None = None, clean: bool = True) -> list[int]:
     for e in entries:
         if e.suffix != ".sock" or not e.stem.isdigit():
             continue
-        pid = int(e.stem)
-        if pid_alive(pid):
-            pids.append(pid)
+        if _listened(e):
+            pids.append(int(e.stem))
         elif clean:
             try:
                 e.unlink()
@@ -102,9 +181,10 @@ def shimmed_pids(run_dir: Path | None = None, clean: bool = True) -> list[int]:
 class ShimClient:
     """One connection to the shim of one process."""
 
-    def __init__(self, pid: int, run_dir: Path | None = None, timeout: float = 30.0):
+    def __init__(self, pid: int, run_dir: Path | None = None, timeout: float = 30.0,
+                 path: Path | None = None):
         self.pid = pid
-        self.path = socket_path(pid, run_dir)
+        self.path = path or control_socket(pid, run_dir) or socket_path(pid, run_dir)
         self.timeout = timeout
 
     def request(self, cmd: str, timeout: float | None = None, **fields) -> dict:

@@ -81,10 +81,15 @@ def stopped(pid: int) -> bool:
         return False
 
 
-def kernel_tail(n: int = 15) -> list[str]:
-    """The kernel's last lines (a segfault line names the library and offset)."""
+def kernel_tail(n: int = 12) -> list[str]:
+    """The kernel's lines that say what killed a process: a segfault line (names the
+    library and offset) and the GPU's Xid errors; then its last few lines."""
     r = subprocess.run(["dmesg"], capture_output=True, text=True)
-    return r.stdout.splitlines()[-n:] if r.returncode == 0 else [f"dmesg: {r.stderr.strip()}"]
+    if r.returncode != 0:
+        return [f"dmesg: {r.stderr.strip()}"]
+    lines = r.stdout.splitlines()
+    said = [ln for ln in lines if any(w in ln for w in ("segfault", "traps:", "Xid", "general protection"))]
+    return said[-n:] + lines[-4:]
 
 
 def thread_states(pid: int) -> list[dict]:
@@ -110,6 +115,7 @@ class Ctx:
         self.run_dir.mkdir(mode=0o700, exist_ok=True)
         base = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         base.update(CUBLAS_WORKSPACE_CONFIG=":4096:8", PYTHONFAULTHANDLER="1", NCCL_NVLS_ENABLE="0",
+                    XLA_FLAGS=base.get("XLA_FLAGS", "--xla_gpu_autotune_level=0"),
                     PYTHONPATH=str(REPO) + os.pathsep + base.get("PYTHONPATH", ""))
         self.env = base
         self.cli_env = dict(base, GPUCR_RUN_DIR=str(self.run_dir))

@@ -33,13 +33,18 @@ static uint64_t last_bytes;
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static void err(struct jbuf *out, const char *msg)
+/* {"ok": false, "error": msg, "reason": reason}; returns outcome */
+static int fail(struct jbuf *out, int outcome, const char *reason, const char *msg)
 {
     jb_begin(out);
     jb_bool(out, "ok", 0);
     jb_str(out, "error", msg);
+    jb_str(out, "reason", reason);
     jb_end(out);
+    return outcome;
 }
+
+static void err(struct jbuf *out, const char *msg) { fail(out, GPUCR_FAILED, "failed", msg); }
 
 /* {"ok": true, key: v}: the whole answer of a command with nothing else to say */
 static void ok_with(struct jbuf *out, const char *key, int v)
@@ -455,19 +460,20 @@ void gpucr_cmd_status(struct jbuf *out)
     jb_end(out);
 }
 
-void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
+int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
 {
     char why[256];
     if (state != ST_RUNNING)
-        return err(out, "already checkpointed: restore it first");
+        return fail(out, GPUCR_ALREADY_CHECKPOINTED, "already_checkpointed", "already checkpointed: restore it first");
     double t0 = gpucr_now();
     if (!gpucr_driver_loaded()) { /* a CPU process: nothing on the GPU */
         state = ST_CHECKPOINTED;
         state_cuda = 0;
-        return ok_with(out, "cuda", 0);
+        ok_with(out, "cuda", 0);
+        return GPUCR_DONE;
     }
     if (refusal(why, sizeof why))
-        return err(out, why);
+        return fail(out, GPUCR_FAILED, "refused", why);
     if (timeout_ms < 0)
         timeout_ms = 10000;
 
@@ -475,7 +481,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     if (gpucr_gate_close(timeout_ms) != 0) {
         snprintf(why, sizeof why, "quiesce timed out after %ld ms with %ld calls still in the driver; checkpoint aborted, the process keeps running",
                  timeout_ms, gpucr_gate_inflight());
-        return err(out, why);
+        return fail(out, GPUCR_FAILED, "quiesce_timeout", why);
     }
     long left = timeout_ms - (long)((gpucr_now() - t0) * 1000);
     CUresult rc = CUDA_SUCCESS;
@@ -486,11 +492,11 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
             snprintf(why, sizeof why, "quiesce timed out after %ld ms waiting for GPU work to finish; checkpoint aborted, the process keeps running", timeout_ms);
         else
             snprintf(why, sizeof why, "synchronizing the GPU failed (%s); checkpoint aborted, the process keeps running", cu_name(rc));
-        return err(out, why);
+        return fail(out, GPUCR_FAILED, s > 0 ? "quiesce_timeout" : "failed", why);
     }
     if (refusal(why, sizeof why)) { /* shared or managed while we waited */
         gpucr_gate_open();
-        return err(out, why);
+        return fail(out, GPUCR_FAILED, "refused", why);
     }
     trim_pools();
     double t1 = gpucr_now();
@@ -536,7 +542,8 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
         free(hosts);
         free(w.p);
         snprintf(why, sizeof why, "%s (%s); checkpoint aborted, the process keeps running", fail, cu_name(rc));
-        return err(out, why);
+        err(out, why);
+        return GPUCR_FAILED;
     }
     /* every byte is on the host: release the physical memory, keep the VAs */
     double tr = gpucr_now();
@@ -581,6 +588,7 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     put_device_uuids(out);
     put_blobs(out);
     jb_end(out);
+    return GPUCR_DONE;
 }
 
 /* Undoes a restore attempt: what it mapped and created goes, the data stays
@@ -649,17 +657,18 @@ static const char *bring_back(struct work *w, int helper, struct gpucr_copy_stat
     return fail;
 }
 
-void gpucr_cmd_restore(struct jbuf *out)
+int gpucr_cmd_restore(struct jbuf *out)
 {
     char why[256];
     if (state != ST_CHECKPOINTED)
-        return err(out, "not checkpointed: nothing to restore");
+        return fail(out, GPUCR_NOT_CHECKPOINTED, "not_checkpointed", "not checkpointed: nothing to restore");
     if (gpucr_arena_detached())
-        return err(out, "the arena is detached (a migration is under way): attach and refill it first");
+        return fail(out, GPUCR_FAILED, "failed", "the arena is detached (a migration is under way): attach and refill it first");
     double t0 = gpucr_now(), tc;
     if (!state_cuda) {
         state = ST_RUNNING;
-        return ok_with(out, "cuda", 0);
+        ok_with(out, "cuda", 0);
+        return GPUCR_DONE;
     }
     struct work w = {0, 0, 0};
     CUresult rc = CUDA_SUCCESS;
@@ -678,7 +687,8 @@ void gpucr_cmd_restore(struct jbuf *out)
         gpucr_table_unlock();
         free(w.p);
         snprintf(why, sizeof why, "%s (%s); the process stays checkpointed, retry restore when the GPU has room", fail, cu_name(rc));
-        return err(out, why);
+        err(out, why);
+        return GPUCR_FAILED;
     }
     for (size_t i = 0; i < w.n; i++) {
         struct gpucr_phys *p = w.p[i];
@@ -707,6 +717,7 @@ void gpucr_cmd_restore(struct jbuf *out)
     jb_f64(out, "arena_setup_s", cs.setup_s);
     jb_u64(out, "bytes", last_bytes);
     jb_end(out);
+    return GPUCR_DONE;
 }
 
 void gpucr_cmd_prefill(struct jbuf *out)

@@ -189,9 +189,17 @@ int gpucr_run_dir(char *out, size_t len); /* creates it (0700) if missing; 0 ok 
 void gpucr_control_dispatch(const char *line, struct jbuf *out);
 
 /* ---- commands (checkpoint.c; a stub without CUDA in unit tests) ----- */
+/* What checkpoint and restore did, besides their reply: callers decide by this,
+ * never by the reply's text. The reply's "reason" names the same for clients. */
+enum gpucr_outcome {
+    GPUCR_DONE = 0,
+    GPUCR_FAILED,               /* refused or failed; the reply says why */
+    GPUCR_ALREADY_CHECKPOINTED, /* someone else's checkpoint holds it (the agent's) */
+    GPUCR_NOT_CHECKPOINTED,     /* nothing to restore (restored through the socket) */
+};
 void gpucr_cmd_status(struct jbuf *out);
-void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out);
-void gpucr_cmd_restore(struct jbuf *out);
+int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out); /* enum gpucr_outcome */
+int gpucr_cmd_restore(struct jbuf *out);                    /* enum gpucr_outcome */
 void gpucr_cmd_arena_detach(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_staging_drop(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_arena_attach(struct jbuf *out);

@@ -116,11 +116,6 @@ static void reply_error(const struct jbuf *j, char *why, size_t len)
         *end = 0;
 }
 
-static int reply_ok(const struct jbuf *j)
-{
-    return j->buf && strstr(j->buf, "\"ok\": true") != NULL;
-}
-
 static void restore_now(void)
 {
     struct jbuf out;
@@ -131,9 +126,9 @@ static void restore_now(void)
         out.len = 0;
         out.first = 0;
         pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_restore(&out);
+        int done = gpucr_cmd_restore(&out);
         pthread_mutex_unlock(&gpucr_cmd_mu);
-        if (reply_ok(&out) || strstr(out.buf, "not checkpointed")) { /* done, or restored via the socket */
+        if (done == GPUCR_DONE || done == GPUCR_NOT_CHECKPOINTED) { /* or restored via the socket */
             yielded = 0;
             if (env_on("GPUCR_VERBOSE", 0))
                 put_line("gpucr: GPU memory restored on resume in %.2f s", gpucr_now() - t0);
@@ -168,11 +163,11 @@ static void do_yield(void)
     jb_init(&out);
     double t0 = gpucr_now();
     pthread_mutex_lock(&gpucr_cmd_mu);
-    gpucr_cmd_checkpoint(quiesce, &out);
+    int done = gpucr_cmd_checkpoint(quiesce, &out);
     pthread_mutex_unlock(&gpucr_cmd_mu);
     double took = gpucr_now() - t0;
     int resumed = cont_gen != gen0;
-    if (reply_ok(&out)) {
+    if (done == GPUCR_DONE) {
         yielded = 1;
         if (resumed)
             put_line("gpucr: VRAM yield on suspend did not finish within %.1f s (took %.1f s, resumed before it ended); "
@@ -182,7 +177,7 @@ static void do_yield(void)
                      "allocated until it finished, part of the time the process was suspended", grace / 1000.0, took);
         else if (env_on("GPUCR_VERBOSE", 0))
             put_line("gpucr: GPU memory yielded on suspend in %.2f s", took);
-    } else if (!strstr(out.buf, "already checkpointed")) { /* else: `gpucr-hpc suspend` did it: stay out of it */
+    } else if (done != GPUCR_ALREADY_CHECKPOINTED) { /* else: `gpucr-hpc suspend` did it: stay out of it */
         char why[256];
         reply_error(&out, why, sizeof why);
         put_line("gpucr: GPU memory not yielded on suspend: %s; the process is suspended with its GPU memory allocated", why);

@@ -1,7 +1,9 @@
 /* Command stubs so the GPU-independent core links without CUDA in unit tests.
  * For test_tstp: GPUCR_STUB_LOG_FD (a descriptor) gets "checkpoint\n" and
  * "restore\n" as they run; GPUCR_STUB_CKPT_MS makes the checkpoint take that
- * long (noting "start\n" first); GPUCR_STUB_REFUSE makes it answer a refusal. */
+ * long (noting "start\n" first); GPUCR_STUB_REFUSE makes it answer a refusal;
+ * GPUCR_STUB_HELD makes it answer that another checkpoint holds the process, in
+ * words of its own (the caller must go by the outcome, not the text). */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,18 +20,24 @@ static void note(const char *what)
 }
 
 void gpucr_cmd_status(struct jbuf *out) { jb_begin(out); jb_bool(out, "ok", 1); jb_end(out); }
-void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
+static int refuse(struct jbuf *out, int outcome, const char *why)
+{
+    jb_begin(out);
+    jb_bool(out, "ok", 0);
+    jb_str(out, "error", why);
+    jb_end(out);
+    return outcome;
+}
+
+int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
 {
     (void)timeout_ms;
     const char *ms = getenv("GPUCR_STUB_CKPT_MS");
-    if (getenv("GPUCR_STUB_REFUSE")) {
-        jb_begin(out);
-        jb_bool(out, "ok", 0);
-        jb_str(out, "error", "checkpoint refused: the process uses managed (UVM) memory (1 allocation), which the "
-                             "driver cannot checkpoint; it keeps running");
-        jb_end(out);
-        return;
-    }
+    if (getenv("GPUCR_STUB_REFUSE"))
+        return refuse(out, GPUCR_FAILED, "checkpoint refused: the process uses managed (UVM) memory (1 allocation), "
+                                         "which the driver cannot checkpoint; it keeps running");
+    if (getenv("GPUCR_STUB_HELD"))
+        return refuse(out, GPUCR_ALREADY_CHECKPOINTED, "its GPU memory is held by the node agent's checkpoint");
     if (ms && *ms)
         note("start\n");
     if (ms && *ms)
@@ -37,19 +45,16 @@ void gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     checkpointed = 1;
     note("checkpoint\n");
     gpucr_cmd_status(out);
+    return GPUCR_DONE;
 }
-void gpucr_cmd_restore(struct jbuf *out)
+int gpucr_cmd_restore(struct jbuf *out)
 {
-    if (!checkpointed) {
-        jb_begin(out);
-        jb_bool(out, "ok", 0);
-        jb_str(out, "error", "not checkpointed: nothing to restore");
-        jb_end(out);
-        return;
-    }
+    if (!checkpointed)
+        return refuse(out, GPUCR_NOT_CHECKPOINTED, "nothing is held for this process");
     checkpointed = 0;
     note("restore\n");
     gpucr_cmd_status(out);
+    return GPUCR_DONE;
 }
 void gpucr_cmd_arena_detach(struct jbuf *out) { gpucr_cmd_status(out); }
 void gpucr_cmd_staging_drop(struct jbuf *out) { gpucr_cmd_status(out); }

@@ -221,6 +221,26 @@ int main(void)
     unsetenv("GPUCR_STUB_REFUSE");
     PASS("tstp: a refusal says why, the process stops normally");
 
+    /* `gpucr-hpc suspend` yielded first (the agent's checkpoint holds the process):
+     * the SIGTSTP that follows stays silent and just stops, whatever the words of
+     * the answer; SIGCONT leaves the restore to the agent */
+    setenv("GPUCR_STUB_HELD", "1", 1);
+    log[0] = err[0] = 0;
+    c = spawn(0);
+    kill(c.pid, SIGTSTP);
+    wait_state(c.pid, 1, 5);
+    kill(c.pid, SIGCONT);
+    wait_state(c.pid, 0, 5);
+    slurp(c.err, err, sizeof err, 0.2);
+    if (err[0])
+        fprintf(stderr, "stderr: %s", err);
+    CHECK(err[0] == 0);
+    slurp(c.log, log, sizeof log, 0);
+    CHECK(log[0] == 0);
+    finish(&c);
+    unsetenv("GPUCR_STUB_HELD");
+    PASS("tstp: a process the agent yielded stops silently on SIGTSTP");
+
     /* the program's own handler is never replaced */
     c = spawn(1);
     finish(&c);
