@@ -402,6 +402,58 @@ static void *real_cuStreamBatchMemOp_v2_ptsz;
 GPUCR_EXPORT CUresult CUDAAPI cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags);
 GPUCR_EXPORT CUresult CUDAAPI cuStreamBatchMemOp_v2_ptsz(CUstream stream, unsigned int count, CUstreamBatchMemOpParams *paramArray, unsigned int flags)
 { GPUCR_GATED_CALL(cuStreamBatchMemOp_v2_ptsz, (stream, count, paramArray, flags)); }
+static void *real_cuStreamQuery;
+GPUCR_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hStream);
+GPUCR_EXPORT CUresult CUDAAPI cuStreamQuery(CUstream hStream)
+{ GPUCR_GATED_CALL(cuStreamQuery, (hStream)); }
+static void *real_cuStreamQuery_ptsz;
+GPUCR_EXPORT CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream);
+GPUCR_EXPORT CUresult CUDAAPI cuStreamQuery_ptsz(CUstream hStream)
+{ GPUCR_GATED_CALL(cuStreamQuery_ptsz, (hStream)); }
+static void *real_cuStreamSynchronize;
+GPUCR_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream);
+GPUCR_EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)
+{ GPUCR_GATED_CALL(cuStreamSynchronize, (hStream)); }
+static void *real_cuStreamSynchronize_ptsz;
+GPUCR_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream);
+GPUCR_EXPORT CUresult CUDAAPI cuStreamSynchronize_ptsz(CUstream hStream)
+{ GPUCR_GATED_CALL(cuStreamSynchronize_ptsz, (hStream)); }
+static void *real_cuStreamWaitEvent;
+GPUCR_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+GPUCR_EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{ GPUCR_GATED_CALL(cuStreamWaitEvent, (hStream, hEvent, Flags)); }
+static void *real_cuStreamWaitEvent_ptsz;
+GPUCR_EXPORT CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
+GPUCR_EXPORT CUresult CUDAAPI cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{ GPUCR_GATED_CALL(cuStreamWaitEvent_ptsz, (hStream, hEvent, Flags)); }
+static void *real_cuEventRecord;
+GPUCR_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream);
+GPUCR_EXPORT CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream)
+{ GPUCR_GATED_CALL(cuEventRecord, (hEvent, hStream)); }
+static void *real_cuEventRecord_ptsz;
+GPUCR_EXPORT CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+GPUCR_EXPORT CUresult CUDAAPI cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{ GPUCR_GATED_CALL(cuEventRecord_ptsz, (hEvent, hStream)); }
+static void *real_cuEventRecordWithFlags;
+GPUCR_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
+GPUCR_EXPORT CUresult CUDAAPI cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{ GPUCR_GATED_CALL(cuEventRecordWithFlags, (hEvent, hStream, flags)); }
+static void *real_cuEventRecordWithFlags_ptsz;
+GPUCR_EXPORT CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
+GPUCR_EXPORT CUresult CUDAAPI cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
+{ GPUCR_GATED_CALL(cuEventRecordWithFlags_ptsz, (hEvent, hStream, flags)); }
+static void *real_cuEventQuery;
+GPUCR_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent);
+GPUCR_EXPORT CUresult CUDAAPI cuEventQuery(CUevent hEvent)
+{ GPUCR_GATED_CALL(cuEventQuery, (hEvent)); }
+static void *real_cuEventSynchronize;
+GPUCR_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent);
+GPUCR_EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent hEvent)
+{ GPUCR_GATED_CALL(cuEventSynchronize, (hEvent)); }
+static void *real_cuCtxSynchronize;
+GPUCR_EXPORT CUresult CUDAAPI cuCtxSynchronize(void);
+GPUCR_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
+{ GPUCR_GATED_CALL(cuCtxSynchronize, ()); }
 
 const struct gpucr_hook gpucr_hooks_gated[] = {
     {"cuMemcpy", (void *)cuMemcpy, &real_cuMemcpy},
@@ -504,5 +556,18 @@ const struct gpucr_hook gpucr_hooks_gated[] = {
     {"cuStreamWaitValue64_v2_ptsz", (void *)cuStreamWaitValue64_v2_ptsz, &real_cuStreamWaitValue64_v2_ptsz},
     {"cuStreamBatchMemOp_v2", (void *)cuStreamBatchMemOp_v2, &real_cuStreamBatchMemOp_v2},
     {"cuStreamBatchMemOp_v2_ptsz", (void *)cuStreamBatchMemOp_v2_ptsz, &real_cuStreamBatchMemOp_v2_ptsz},
+    {"cuStreamQuery", (void *)cuStreamQuery, &real_cuStreamQuery},
+    {"cuStreamQuery_ptsz", (void *)cuStreamQuery_ptsz, &real_cuStreamQuery_ptsz},
+    {"cuStreamSynchronize", (void *)cuStreamSynchronize, &real_cuStreamSynchronize},
+    {"cuStreamSynchronize_ptsz", (void *)cuStreamSynchronize_ptsz, &real_cuStreamSynchronize_ptsz},
+    {"cuStreamWaitEvent", (void *)cuStreamWaitEvent, &real_cuStreamWaitEvent},
+    {"cuStreamWaitEvent_ptsz", (void *)cuStreamWaitEvent_ptsz, &real_cuStreamWaitEvent_ptsz},
+    {"cuEventRecord", (void *)cuEventRecord, &real_cuEventRecord},
+    {"cuEventRecord_ptsz", (void *)cuEventRecord_ptsz, &real_cuEventRecord_ptsz},
+    {"cuEventRecordWithFlags", (void *)cuEventRecordWithFlags, &real_cuEventRecordWithFlags},
+    {"cuEventRecordWithFlags_ptsz", (void *)cuEventRecordWithFlags_ptsz, &real_cuEventRecordWithFlags_ptsz},
+    {"cuEventQuery", (void *)cuEventQuery, &real_cuEventQuery},
+    {"cuEventSynchronize", (void *)cuEventSynchronize, &real_cuEventSynchronize},
+    {"cuCtxSynchronize", (void *)cuCtxSynchronize, &real_cuCtxSynchronize},
     {0, 0, 0},
 };

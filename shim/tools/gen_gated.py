@@ -62,6 +62,17 @@ ENTRIES = [
     ("cuStreamWriteValue64", "cuStreamWriteValue64_v2", PTSZ),
     ("cuStreamWaitValue64", "cuStreamWaitValue64_v2", PTSZ),
     ("cuStreamBatchMemOp", "cuStreamBatchMemOp_v2", PTSZ),
+    # Not work, but they reach into the driver's state of streams and events: after
+    # the driver checkpoint a thread polling a stream (XLA's stream status monitor
+    # calls cuStreamQuery) crashed in the driver. They wait at the gate too.
+    ("cuStreamQuery", "cuStreamQuery", PTSZ),
+    ("cuStreamSynchronize", "cuStreamSynchronize", PTSZ),
+    ("cuStreamWaitEvent", "cuStreamWaitEvent", PTSZ),
+    ("cuEventRecord", "cuEventRecord", PTSZ),
+    ("cuEventRecordWithFlags", "cuEventRecordWithFlags", PTSZ),
+    ("cuEventQuery", "cuEventQuery", ""),
+    ("cuEventSynchronize", "cuEventSynchronize", ""),
+    ("cuCtxSynchronize", "cuCtxSynchronize", ""),
 ]
 
 
@@ -88,7 +99,7 @@ def main():
     table = []
     for src, base, suffix in ENTRIES:
         params, args = prototype(text, src)
-        for name in (base, base + suffix):
+        for name in dict.fromkeys((base, base + suffix)):  # one, where there is no per-thread variant
             out.append(f"static void *real_{name};")
             out.append(f"GPUCR_EXPORT CUresult CUDAAPI {name}({params});")
             out.append(f"GPUCR_EXPORT CUresult CUDAAPI {name}({params})")
