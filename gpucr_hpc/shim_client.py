@@ -122,8 +122,8 @@ def control_socket(pid: int, run_dir: Path | None = None) -> Path | None:
         table = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
     except OSError:
         return None
-    for row in table:  # Num RefCount Protocol Flags Type St Inode Path
-        f = row.split()
+    for row in table:  # Num RefCount Protocol Flags Type St Inode Path (the path may hold spaces)
+        f = row.split(None, 7)
         if len(f) >= 8 and int(f[6]) in inodes and f[7].endswith("/" + name):
             path = Path(f[7])
             return path if path.is_socket() else None
