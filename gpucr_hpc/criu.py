@@ -100,8 +100,10 @@ class Criu:
             from gpucr_hpc import criu_helper
             return criu_helper.dump(pid, images_dir, work_dir, leave_running=leave_running,
                                     shell_job=shell_job)
-        args = (run_as or []) + [self.path] + (["--unprivileged"] if run_as else []) + ["dump", "-t", str(pid), "-D", str(images_dir), "-W", str(work_dir),
-                "-o", "dump.log", "-v4", "--file-locks", "--link-remap"]
+        enter, tree_pid = enter_pidns_of(pid)
+        args = enter + (run_as or []) + [self.path] + (["--unprivileged"] if run_as else []) + [
+            "dump", "-t", str(tree_pid), "-D", str(images_dir), "-W", str(work_dir),
+            "-o", "dump.log", "-v4", "--file-locks", "--link-remap"]
         if leave_running:
             args.append("--leave-running")
         if shell_job:
@@ -111,7 +113,7 @@ class Criu:
         script.write_text(_POST_DUMP_SCRIPT.format(
             python=shlex.quote(sys.executable),
             code=shlex.quote(_POST_DUMP_CODE.format(
-                path=str(Path(__file__).resolve().parent.parent), pid=pid, out=str(files_json)))))
+                path=str(Path(__file__).resolve().parent.parent), pid=tree_pid, out=str(files_json)))))
         script.chmod(0o700)
         args += ["--action-script", str(script)]
         args += extra or []
@@ -344,6 +346,20 @@ def _status(pid: int) -> dict[str, str]:
 
 def nspid(pid: int) -> list[int]:
     return [int(x) for x in _status(pid).get("NSpid", str(pid)).split()]
+
+
+def enter_pidns_of(pid: int) -> tuple[list[str], int]:
+    """How CRIU must run to dump the tree of `pid`: (command prefix, the tree's PID there).
+
+    A restored tree lives in a PID namespace of its own (and the mount namespace
+    that mounts its /proc), below ours. CRIU cannot dump a PID namespace without
+    its init, so it runs inside both namespaces and sees the tree as its own: the
+    image then holds the PIDs the tree knows, as a first dump's does, and is
+    restored the same way."""
+    inside, ours = nspid(pid), nspid(os.getpid())
+    if len(inside) <= len(ours):
+        return [], pid
+    return ["nsenter", f"--target={pid}", "--pid", "--mount", "--"], inside[-1]
 
 
 def owner_uid(pid: int) -> int:
