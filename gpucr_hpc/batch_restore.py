@@ -138,7 +138,7 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     try:
         # check_generation verified every unit before the job's restore began.
         rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
-                                   inherit=inherit, checksums_verified=True)
+                                   inherit=inherit, checksums_verified=True, tied=True)
     finally:
         remove_created(created)  # the restored shell holds it open by now
     register(site.job_run_dir(jobid), unit, rep["pid"])

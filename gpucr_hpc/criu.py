@@ -132,7 +132,7 @@ class Criu:
 
     def start_restore(self, images_dir: Path, work_dir: Path, *, shell_job: bool,
                       new_pidns: bool, inherit: dict[int, str] | None = None,
-                      extra: list[str] | None = None) -> "Restored":
+                      extra: list[str] | None = None, tied: bool = False) -> "Restored":
         """Restore a tree; returns once it runs (or raises with CRIU's own error).
 
         In the current PID namespace CRIU detaches (`-d`) and the tree is
@@ -144,12 +144,16 @@ class Criu:
         restored tree gets our fd where it had that resource (`--inherit-fd`),
         e.g. the stdio pipes of a new Slurm step in place of the old ones.
 
+        `tied` (new_pidns only): the namespace, and the tree in it, ends with the
+        calling thread, as a job's processes must end with its step: nothing of a
+        job may run on outside it when the step that restored it dies.
+
         An ordinary user's restore goes through the root helper (criu_helper).
         """
         if os.geteuid() != 0:
             from gpucr_hpc import criu_helper
             return criu_helper.start_restore(images_dir, work_dir, shell_job=shell_job,
-                                             new_pidns=new_pidns, inherit=inherit)
+                                             new_pidns=new_pidns, inherit=inherit, tied=tied)
         pidfile = work_dir / "restore.pid"
         log = work_dir / "restore.log"
         args = [self.path, "restore", "-D", str(images_dir), "-W", str(work_dir), "-o", "restore.log",
@@ -162,8 +166,10 @@ class Criu:
         args += extra or []
         args.append("-d")
         if new_pidns:
-            args = ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m",
-                    "gpucr_hpc.pidns_init"] + args
+            # --kill-child: the namespace's init dies with unshare; setpriv: unshare with us.
+            tie = ["setpriv", "--pdeathsig", "KILL"] if tied else []
+            args = tie + ["unshare", "-p", "-f", "--kill-child=SIGKILL", "--mount-proc",
+                          sys.executable, "-m", "gpucr_hpc.pidns_init"] + args
         std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1, 2)]
         proc = subprocess.Popen(args, stdin=std[0], stdout=std[1], stderr=std[2],
                                 start_new_session=True, close_fds=True,

@@ -150,3 +150,48 @@ def test_two_node_job_through_twenty_suspends(slurm_cluster, workdir):
         finished_once(slurm_cluster, jobid, logs, out, steps, 0)
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+def job_processes(jobid: str, marker: str) -> list[int]:
+    """PIDs of live processes whose environment says job `jobid` and whose command
+    line names `marker`."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            env = open(f"/proc/{d}/environ", "rb").read().split(b"\0")
+            cmd = open(f"/proc/{d}/cmdline", "rb").read()
+            state = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={jobid}".encode() in env and marker.encode() in cmd and state != "Z":
+            found.append(int(d))
+    return found
+
+
+def supervisor_of(jobid: str) -> int:
+    pids = [p for p in job_processes(jobid, "gpucr-hpc")
+            if b"GPUCR_BATCH_SUPERVISE=1" in open(f"/proc/{p}/environ", "rb").read().split(b"\0")]
+    assert len(pids) == 1, pids
+    return pids[0]
+
+
+def test_restored_job_whose_supervisor_dies_leaves_nothing_running(slurm_cluster, workdir):
+    """The batch step of a restored 2-node job dies unexpectedly: Slurm ends the job,
+    and none of its restored processes (the script's tree, the ranks) runs on outside it."""
+    jobid, logs, out = two_node_job(slurm_cluster, workdir, 100000)
+    try:
+        preempt_and_wait_restored(slurm_cluster, jobid, 1, logs, out)
+        assert job_processes(jobid, "counter.py"), "no restored rank found"
+        os.kill(supervisor_of(jobid), 9)
+        slurm_cluster.wait_state(jobid, FINAL | {"PENDING"}, timeout=120)
+        # counter.py: the ranks and the srun wrapper of the script's tree; slurm_script: the script
+        left = lambda: job_processes(jobid, "counter.py") + job_processes(jobid, "slurm_script")  # noqa: E731
+        wait_for(lambda: not left(), timeout=60, what="the job's processes to end",
+                 detail=lambda: f"left running: {left()}")
+        counts = [len(numbers(p)) for p in logs]
+        time.sleep(1)
+        assert [len(numbers(p)) for p in logs] == counts, "a rank still writes"
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
