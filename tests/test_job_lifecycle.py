@@ -93,10 +93,12 @@ def finished_once(cluster, jobid, logs, out, steps, restarts):
 
 
 @pytest.mark.soak
-def test_two_node_job_through_ten_preemptions(slurm_cluster, workdir):
-    """2 nodes x 2 ranks through 10 preempt -> requeue -> restore cycles; every other
-    cycle one of the job's nodes is drained, so the job moves."""
-    steps = 4000
+def test_two_node_job_through_ten_preemptions_and_twenty_suspends(slurm_cluster, workdir):
+    """The soak: 2 nodes x 2 ranks through 10 preempt -> requeue -> restore cycles
+    (every other cycle one of the job's nodes is drained, so the job moves), and
+    after each restore suspended and resumed twice (gpucr-hpc, then scontrol); it
+    ends COMPLETED with every rank counted once."""
+    steps = 5000
     jobid, logs, out = two_node_job(slurm_cluster, workdir, steps)
     drained = None
     try:
@@ -111,6 +113,11 @@ def test_two_node_job_through_ten_preemptions(slurm_cluster, workdir):
                 assert drained not in nodes_of(slurm_cluster, jobid), (cycle, before)
                 slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME")
                 drained = None
+            gpucr(slurm_cluster, "suspend", jobid)
+            suspended_then_resumed(slurm_cluster, jobid, logs, lambda: gpucr(slurm_cluster, "resume", jobid))
+            slurm_cluster.run("scontrol", "suspend", jobid)
+            suspended_then_resumed(slurm_cluster, jobid, logs,
+                                   lambda: slurm_cluster.run("scontrol", "resume", jobid))
         finished_once(slurm_cluster, jobid, logs, out, steps, 10)
     finally:
         if drained:
