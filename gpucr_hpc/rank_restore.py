@@ -119,9 +119,12 @@ def main(argv=None) -> int:
         if stale or signals.ended:
             say(f"gpucr: rank {procid} not restored ({msg}): {stale or 'the step was ended'}")
             return 1
+        node = os.environ.get("SLURMD_NODENAME", "its node")
         try:
             give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {msg}; "
-                           f"fix that, then gpucr-hpc restore {jobid} --from N")
+                           f"fix that, then gpucr-hpc restore {jobid} --from N",
+                    f"rank {procid} of {gen.name} did not restore on {node}",
+                    f"fix that, gpucr-hpc restore {jobid} --from N")
         except GpucrError as held:
             print(f"gpucr: error: holding job {jobid} failed: {held.one_line()}", file=sys.stderr, flush=True)
         return 1

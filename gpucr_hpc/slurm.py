@@ -106,10 +106,11 @@ def requeue(jobid: str) -> None:
 
 
 def requeue_hold(jobid: str, reason: str, patience_s: float = 30.0) -> None:
-    """Requeue the job held, the reason in its Comment. The reason goes first, so
-    that it is there even if the requeue fails; a job in a passing state (a step
-    still launching or completing) is tried again for `patience_s`."""
-    run("scontrol", "update", f"JobId={jobid}", f"Comment={reason[:200]}", check=False)
+    """Requeue the job held, the reason in its Comment (short: the caller keeps it so,
+    never cut here). The reason goes first, so that it is there even if the requeue
+    fails; a job in a passing state (a step still launching or completing) is tried
+    again for `patience_s`."""
+    run("scontrol", "update", f"JobId={jobid}", f"Comment={reason}", check=False)
     deadline = time.monotonic() + patience_s
     while True:
         try:
