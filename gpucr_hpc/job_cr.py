@@ -46,6 +46,10 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
     except subprocess.TimeoutExpired as e:
         raise GpucrError(f"the node agents of job {job.id} did not finish in {AGENT_TIMEOUT_S} s",
                          "see the slurmd logs of the job's nodes; the job was left running") from e
+    except FileNotFoundError as e:  # srun, or runuser for root
+        raise GpucrError(f"{argv[0]} not found, which starts the node agents of job {job.id}",
+                         "install the Slurm client commands (and util-linux's runuser, with which root "
+                         "starts them as the job's user), or fix PATH") from e
     lines = []
     for line in out.stdout.splitlines():
         try:
