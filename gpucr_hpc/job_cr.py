@@ -137,7 +137,8 @@ def suspend(jobid: str) -> dict:
         slurm.suspend(jobid)
     except GpucrError as e:
         back = _in_place(job, "reclaim")
-        state = "its GPU state is back" if back["ok"] else f"its GPU state did not come back ({'; '.join(back['errors'])})"
+        state = ("its GPU state is back" if back["ok"]
+                 else f"its GPU state did not come back ({'; '.join(back['errors'])})")
         raise GpucrError(f"{e.cause}; the job was left running and {state}", e.fix) from e
     result["total_s"] = time.monotonic() - t0
     return result

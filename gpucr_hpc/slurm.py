@@ -149,18 +149,16 @@ def known_not_operator(uid: int) -> bool:
     """True only when Slurm surely refuses this user a suspend or resume: not root, not
     SlurmUser, and no AdminLevel of Operator or Administrator (only accounting holds
     those). When that cannot be told (slurmdbd down), False: scontrol decides."""
-    if uid == 0:
-        return False
-    conf = _config()
-    if _uid_in(conf.get("SlurmUser", "")) == uid:
-        return False
+    conf = _config() if uid != 0 else {}
+    if not conf or _uid_in(conf.get("SlurmUser", "")) == uid:
+        return False  # root, SlurmUser, or no answer from slurmctld
     if "slurmdbd" not in conf.get("AccountingStorageType", ""):
         return True
     try:
         name = pwd.getpwuid(uid).pw_name
-    except KeyError:
+        out = run("sacctmgr", "-nP", "show", "user", name, "format=adminlevel", check=False)
+    except (KeyError, GpucrError):
         return False
-    out = run("sacctmgr", "-nP", "show", "user", name, "format=adminlevel", check=False)
     level = out.stdout.strip().lower()
     return out.returncode == 0 and bool(level) and level not in OPERATOR_LEVELS
 
