@@ -34,6 +34,9 @@ from gpucr_hpc.site import load_site
 
 
 LOG_NAME = "restore.log"
+# gpucr's own lines in the job's output, kept to be written again after a restore
+# rewinds the output to a checkpoint that came before them.
+SAID_NAME = "output-lines.jsonl"
 _log_path: Path | None = None
 
 
@@ -54,6 +57,42 @@ def log(msg: str) -> None:
         pass
 
 
+def say(line: str) -> None:
+    """A line of gpucr's in the job's output (stderr), also kept with the checkpoint it
+    follows: a restore from that checkpoint or an older one writes it again."""
+    print(line, file=sys.stderr, flush=True)
+    if _log_path is None:
+        return
+    record = {"after": _generation_number(job_images.read_pointer(_log_path.parent, job_images.LATEST)),
+              "line": line}
+    try:
+        with open(_log_path.parent / SAID_NAME, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:
+        pass  # it is in the output; only a later rewind could lose it
+
+
+def _generation_number(gen: Path | None) -> int:
+    return int(gen.name.split("-")[1]) if gen is not None else 0
+
+
+def say_again_after_rewind(gen: Path) -> None:
+    """The lines put_back_outputs took away: those said after `gen` was checkpointed.
+    Only once the restored processes hold the output file, whose size CRIU checks."""
+    try:
+        records = (gen.parent / SAID_NAME).read_text().splitlines()
+    except OSError:
+        return
+    n = _generation_number(gen)
+    for text in records:
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            continue  # a line cut by a full disk
+        if rec.get("after", 0) >= n:
+            print(rec.get("line", ""), file=sys.stderr, flush=True)
+
+
 def check_generation(gen: Path, jobid: str) -> dict:
     """Every unit image is committed and intact before anything is touched."""
     older = (f"restore an older generation: gpucr-hpc restore {jobid} --from N "
@@ -62,13 +101,21 @@ def check_generation(gen: Path, jobid: str) -> dict:
         m = mf.load(gen)
         image_store.verify(gen, m)
     except GpucrError as e:
-        raise GpucrError(f"{gen.name} is not usable: {e.cause}", older) from e
+        raise UnusableGeneration(f"{gen.name} is not usable", e.cause, older) from e
     for name in m.get("units", {}):
         try:
             image_store.open_image(gen / name)
         except GpucrError as e:
-            raise GpucrError(f"{gen.name} has no usable image of {name}: {e.cause}", older) from e
+            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", e.cause, older) from e
     return m
+
+
+class UnusableGeneration(GpucrError):
+    """A generation that cannot be restored: `summary` is the short form (a job's Comment)."""
+
+    def __init__(self, summary: str, why: str, fix: str):
+        super().__init__(f"{summary}: {why}", fix)
+        self.summary = summary
 
 
 def put_back_outputs(gen: Path, m: dict) -> None:
@@ -174,11 +221,18 @@ class RestoreFailed(Exception):
     """The job could not be restored; it was requeued and held with the reason."""
 
 
-def give_up(jobid: str, reason: str) -> RestoreFailed:
+def give_up(jobid: str, reason: str, summary: str, then: str) -> RestoreFailed:
+    """The job requeued and held. `reason`, the whole line, goes to restore.log and the
+    job's output; its Comment says `summary` (what failed, a few words) and `then` (the
+    command that restores it once fixed): short and whole by construction, never cut."""
     log(reason)
-    print(reason, file=sys.stderr, flush=True)
-    slurm.requeue_hold(jobid, reason)
+    say(reason)
+    slurm.requeue_hold(jobid, hold_comment(jobid, summary, then))
     return RestoreFailed(reason)
+
+
+def hold_comment(jobid: str, summary: str, then: str) -> str:
+    return f"gpucr: cannot restore job {jobid}: {summary}; why: gpucr-hpc status {jobid}; then: {then}"
 
 
 def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
@@ -188,11 +242,15 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     batch unit. Raises RestoreFailed."""
     job_dir = site.job_image_dir(jobid)
     open_log(job_dir)
+    from_older = f"gpucr-hpc restore {jobid} --from N"
     try:
         gen = job_images.restore_target(job_dir)
         m = check_generation(gen, jobid)
+    except UnusableGeneration as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e
     except GpucrError as e:
-        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      "no committed checkpoint to restore", from_older) from e
     log(f"restoring job {jobid} from {gen}")
     t0 = time.monotonic()
     put_back_outputs(gen, m)
@@ -207,7 +265,10 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     except GpucrError as e:
         if batch is not None:
             batch["_launcher"].kill()
-        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}",
+                      f"the script's tree of {gen.name} did not restore",
+                      f"fix that, gpucr-hpc restore {jobid}") from e
+    say_again_after_rewind(gen)  # the restored tree holds the output at its checkpoint size
     steps = (batch or {}).get("timings") or {}  # CRIU and GPU parts: the figures of a restore
     log(f"batch tree restored in {time.monotonic() - t0:.2f} s "
         + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s")}))
@@ -222,7 +283,8 @@ def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | N
     except GpucrError as e:
         if launcher is not None:
             launcher.kill()
-        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}",
+                      f"the ranks of {gen.name} did not restore", f"fix that, gpucr-hpc restore {jobid}") from e
     if rc is not None:
         hand_status(m, rc)
     return rc

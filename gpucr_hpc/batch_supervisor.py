@@ -37,7 +37,7 @@ FORWARDED = slurm.TASK_SIGNALS
 
 
 def say(msg: str) -> None:
-    print(f"gpucr: {msg}", file=sys.stderr, flush=True)
+    batch_restore.say(f"gpucr: {msg}")  # kept: a later restore's rewind must not erase it
 
 
 def checkpoint_signal(name: str | None) -> signal.Signals | None:

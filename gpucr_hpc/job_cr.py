@@ -39,12 +39,17 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
             # An agent that dies would leave the others waiting in the vote forever.
             "--gpucr=off", "--kill-on-bad-exit=1", "--job-name=gpucr-agent",
             sys.executable, "-m", "gpucr_hpc.agent", *agent_args, "--job-json", _job_json(job)]
+    argv = as_job_user(job, argv)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_SPANK_")}
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as e:
         raise GpucrError(f"the node agents of job {job.id} did not finish in {AGENT_TIMEOUT_S} s",
                          "see the slurmd logs of the job's nodes; the job was left running") from e
+    except FileNotFoundError as e:  # srun, or runuser for root
+        raise GpucrError(f"{argv[0]} not found, which starts the node agents of job {job.id}",
+                         "install the Slurm client commands (and util-linux's runuser, with which root "
+                         "starts them as the job's user), or fix PATH") from e
     lines = []
     for line in out.stdout.splitlines():
         try:
@@ -55,6 +60,15 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
     reports = [l["node_report"] for l in lines if "node_report" in l]
     why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"srun exit {out.returncode}"
     return result, reports, why
+
+
+def as_job_user(job: slurm.Job, argv: list[str]) -> list[str]:
+    """Root starts the agents as the job's user: Slurm lets only the job's owner
+    create a step in it (root too gets Access/permission denied), and the agents
+    must act with the user's rights (CRIU through the root helper, files the user's)."""
+    if os.geteuid() == 0 and job.uid > 0:
+        return ["runuser", "-u", job.user, "--", *argv]
+    return argv
 
 
 def _job_json(job: slurm.Job) -> str:
@@ -114,15 +128,18 @@ def suspend(jobid: str) -> dict:
     t0 = time.monotonic()
     require_plugin(load_site())
     job = _running_job(jobid, "suspended")
+    slurm.require_operator("suspend", jobid)  # before the GPU memory is handed back for nothing
     result = _in_place(job, "yield")
     if not result["ok"]:
         raise GpucrError(f"suspend of job {jobid} aborted: {'; '.join(result['errors'])}",
                          "the job was left running with its GPU memory")
     try:
         slurm.suspend(jobid)
-    except GpucrError:
-        _in_place(job, "reclaim")
-        raise
+    except GpucrError as e:
+        back = _in_place(job, "reclaim")
+        state = ("its GPU state is back" if back["ok"]
+                 else f"its GPU state did not come back ({'; '.join(back['errors'])})")
+        raise GpucrError(f"{e.cause}; the job was left running and {state}", e.fix) from e
     result["total_s"] = time.monotonic() - t0
     return result
 
@@ -135,6 +152,7 @@ def resume(jobid: str) -> dict:
     if job.state not in ("SUSPENDED", "RUNNING"):
         raise GpucrError(f"job {jobid} is {job.state}, not SUSPENDED", "only a suspended job can be resumed")
     if job.state == "SUSPENDED":
+        slurm.require_operator("resume", jobid)
         slurm.resume(jobid)  # RUNNING: a retry, only the GPU state is left to restore
     result = _in_place(job, "reclaim")  # the shim's gate holds GPU calls until this is done
     if not result["ok"]:
@@ -192,6 +210,8 @@ def restore(jobid: str, gen: int | None = None) -> dict:
     target = job_images.restore_target(job_dir, gen)
     mf.load(target)  # committed and intact manifest, or a one-line error
     mf.write_atomic(job_dir / job_images.RESTORE, f"{target.name}\n".encode(), mode=0o644)
+    if os.geteuid() == 0:  # root restoring a user's job: the job's restorer removes it
+        os.chown(job_dir / job_images.RESTORE, job.uid, -1)
     if job.state == "PENDING":
         if "held" in job.raw.get("Reason", "").lower():
             slurm.release(jobid)  # held by a failed restore: try again with this generation
