@@ -28,8 +28,7 @@ NOT_OURS_FIX = ("it was not made by gpucr-hpc and is not used (nothing was writt
 def check_job_id(value: str) -> str:
     """A Slurm job id (digits only; array and het forms are not supported), as Slurm spells it."""
     if not isinstance(value, str) or not _JOB_ID.fullmatch(value):
-        raise GpucrError(f"'{value}' is not a job id",
-                         "give the numeric Slurm job id (squeue lists them; job arrays are not supported)")
+        raise GpucrError(f"'{value}' is not a job id", "give the numeric Slurm job id")
     return str(int(value))
 
 
