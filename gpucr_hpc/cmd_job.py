@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import click
@@ -127,6 +128,10 @@ def _mine(job_dir: Path, jobid: str | None = None) -> bool:
     except OSError as e:
         raise GpucrError(f"cannot read {job_dir}: {e.strerror}", "check the image root's permissions") from e
     me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):  # a symlink planted in the image root is never followed
+        if jobid is None:
+            return False
+        raise GpucrError(f"{job_dir} is not a directory", job_dirs.NOT_OURS_FIX)
     if me == 0 or (st.st_uid == me and os.access(job_dir, os.R_OK | os.X_OK)):
         return True
     if jobid is None:
