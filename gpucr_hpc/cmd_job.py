@@ -114,6 +114,8 @@ def _generation_rows(job_dir: Path) -> list[dict]:
                            units=sorted(m.get("units", {})), created=m.get("created"))
             except GpucrError as e:
                 row.update(error=e.one_line())
+            except OSError as e:  # unreadable: shown as damaged, like a bad checksum
+                row.update(error=f"cannot read {e.filename}: {e.strerror}")
         rows.append(row)
     return rows
 
