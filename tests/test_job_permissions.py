@@ -367,3 +367,20 @@ def test_lock_names_its_holder_and_dies_with_it(slurm_cluster, workdir):
         if holder and holder.poll() is None:
             holder.kill()
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_job_dir_of_its_own_user_left_readable_is_made_private_and_used(slurm_cluster, workdir):
+    """A dir an earlier version left 0755 (the srun wrapper's) is the user's own: made 0700."""
+    jobid = next_job_id(slurm_cluster, workdir)
+    job_dir = images(slurm_cluster) / str(jobid)
+    job_dir.mkdir(mode=0o755)
+    job_dir.chmod(0o755)
+    got, log = counting_job(slurm_cluster, workdir)
+    try:
+        assert got == str(jobid), "another job took the id (is this test cluster shared?)"
+        wait_counting(slurm_cluster, got, log)
+        assert job_dir.stat().st_mode & 0o7777 == 0o700
+        gpucr(slurm_cluster, "checkpoint", got)
+        assert (job_dir / "LATEST").read_text().strip() == "gen-1"
+    finally:
+        slurm_cluster.run("scancel", got, check=False)
