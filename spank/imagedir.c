@@ -44,7 +44,7 @@ int gpucr_imagedir_create(const char *imageroot, uint32_t jobid, uid_t uid,
 			  gid_t gid, char *err, size_t errlen)
 {
 	char name[16], path[4200];
-	int rootfd, fd, made, rc = 0;
+	int rootfd, fd, made, rc;
 
 	snprintf(name, sizeof(name), "%u", jobid);
 	snprintf(path, sizeof(path), "%s/%s", imageroot, name);
@@ -60,13 +60,21 @@ int gpucr_imagedir_create(const char *imageroot, uint32_t jobid, uid_t uid,
 		return rc;
 	}
 	fd = openat(rootfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0) {
+		rc = ERR("%s is not a directory (%s): %s", path, strerror(errno), FIX);
+		close(rootfd);
+		return rc;
+	}
+	if (made && (fchown(fd, uid, gid) != 0 || fchmod(fd, 0700) != 0)) {
+		rc = ERR("cannot give %s to uid %u: %s (root squash on the image root?)",
+			 path, (unsigned)uid, strerror(errno));
+		close(fd);
+		unlinkat(rootfd, name, AT_REMOVEDIR);  /* ours, empty: not left to refuse the next run */
+		close(rootfd);
+		return rc;
+	}
 	close(rootfd);
-	if (fd < 0)
-		return ERR("%s is not a directory (%s): %s", path, strerror(errno), FIX);
-	if (made && (fchown(fd, uid, gid) != 0 || fchmod(fd, 0700) != 0))
-		rc = ERR("cannot give %s to uid %u: %s", path, (unsigned)uid, strerror(errno));
-	if (rc == 0)
-		rc = check_existing(fd, path, uid, err, errlen);
+	rc = check_existing(fd, path, uid, err, errlen);
 	close(fd);
 	return rc;
 }
