@@ -160,7 +160,7 @@ def test_job_dir_made_ahead_by_another_user_is_refused_and_never_used(slurm_clus
             jobid = slurm_cluster.sbatch(workdir / "job.sh", "--gpucr=on", "-N1", "-o", str(out))
             jobs.append(jobid)
             assert jobid == str(n), "another job took the id (is this test cluster shared?)"
-            info = slurm_cluster.wait_state(jobid, {"FAILED", "COMPLETED", "CANCELLED", "RUNNING"})
+            info = slurm_cluster.wait_state(jobid, {"FAILED", "COMPLETED", "CANCELLED"})
             assert info["JobState"] == "FAILED", (info, out.read_text() if out.exists() else "")
             text = out.read_text()
             gpucr_lines = [line for line in text.splitlines() if "gpucr" in line]
