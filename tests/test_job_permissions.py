@@ -44,10 +44,12 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def counting_job(cluster, d: Path, *args, srun=False) -> tuple[str, Path]:
-    """A job counting into d/count.txt (through an srun step if srun), running."""
+def counting_job(cluster, d: Path, *args, srun=False, ballast_mib=0) -> tuple[str, Path]:
+    """A job counting into d/count.txt (through an srun step if srun), running;
+    ballast_mib: memory it holds, so that its checkpoint takes longer."""
     d.chmod(0o755)
-    (d / "counter.py").write_text("import sys, time\nout = open(sys.argv[1], 'a', buffering=1)\n"
+    (d / "counter.py").write_text(f"import sys, time\nballast = b'x' * ({ballast_mib} << 20)\n"
+                                  "out = open(sys.argv[1], 'a', buffering=1)\n"
                                   "for i in range(100000):\n    out.write(f'{i}\\n')\n    time.sleep(0.05)\n")
     log = d / "count.txt"
     run = f"{sys.executable} {d}/counter.py {log}"
@@ -302,7 +304,8 @@ def test_unreadable_image_file_holds_the_job_with_the_reason(slurm_cluster, work
 # --- one command on a job at a time (item 10) ---------------------------------------
 
 def test_two_checkpoints_at_once_one_runs_the_other_is_refused_at_once(slurm_cluster, workdir):
-    jobid, log = counting_job(slurm_cluster, workdir)
+    # 256 MiB to dump: the first checkpoint still runs when the second one starts.
+    jobid, log = counting_job(slurm_cluster, workdir, ballast_mib=256)
     try:
         wait_counting(slurm_cluster, jobid, log)
         for round_ in range(1, 4):
