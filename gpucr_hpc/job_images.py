@@ -55,7 +55,12 @@ def new_generation(job_dir: Path, owner_uid: int) -> Path:
     gens = generations(job_dir)
     n = gens[-1][0] + 1 if gens else 1
     path = job_dir / gen_name(n)
-    path.mkdir(mode=0o700)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError as e:  # the job's lock keeps gpucr-hpc commands apart; anything else
+        raise GpucrError(f"{path} appeared while this checkpoint began",
+                         "something outside gpucr-hpc writes into the job's directory; "
+                         "the job was left running") from e
     if os.geteuid() == 0:
         os.chown(path, owner_uid, -1)
     return path
