@@ -387,3 +387,40 @@ def test_job_dir_of_its_own_user_left_readable_is_made_private_and_used(slurm_cl
         assert (job_dir / "LATEST").read_text().strip() == "gen-1"
     finally:
         slurm_cluster.run("scancel", got, check=False)
+
+
+def test_automatic_checkpoint_waits_for_a_running_command(slurm_cluster, workdir):
+    """A preemption while another command holds the job's lock: the supervisor's
+    checkpoint waits for it (up to half the lead) instead of being refused, then
+    checkpoints and requeues; the job goes on from there."""
+    from job_helpers import assert_counted_once, counting_script
+
+    steps = 300
+    log = workdir / "count.txt"
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(counting_script(workdir, log, steps), "--gpucr=on", "-N1", "-o", str(out))
+    info = slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(images(slurm_cluster) / jobid), jobid],
+                              stdout=subprocess.PIPE, text=True, env=slurm_cluster.env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        urgent_sh = workdir / "urgent.sh"
+        urgent_sh.write_text("#!/bin/bash\nsleep 3\n")
+        slurm_cluster.sbatch(urgent_sh, "-p", "urgent", "-w", info["NodeList"], "--exclusive", "-o", "/dev/null")
+        wait_for(lambda: f"checkpointing job {jobid} before preemption" in out.read_text(), timeout=60,
+                 what="the preemption's checkpoint to begin")
+        assert not list((images(slurm_cluster) / jobid).glob("gen-*"))  # it waits
+        holder.kill()
+        holder.wait()
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", timeout=60,
+                 what="the preempted job to be requeued", detail=out.read_text)
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+        text = out.read_text()
+        assert info["JobState"] == "COMPLETED", (text, info)
+        assert "failed" not in text and text.count("start restart=") == 1, text
+        assert_counted_once(log, steps)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        slurm_cluster.run("scancel", jobid, check=False)
