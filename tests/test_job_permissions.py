@@ -9,6 +9,8 @@ test cluster with real CRIU:
 * other users can neither delete, rename nor add anything in a job's dir;
 * an image file that cannot be read holds the requeued job with the reason;
 * two commands on one job at once: the second is refused at once, naming the first;
+  a lock left by a killed command blocks nothing; the automatic checkpoint at a
+  preemption waits for a running command instead of being refused;
 * JOBID arguments are job ids, never paths.
 """
 
@@ -27,11 +29,8 @@ if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
 from gpucr_hpc.image_store import tree_digest  # noqa: E402
-from job_helpers import gpucr, numbers, wait_for, workdir  # noqa: E402,F401
+from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for, workdir  # noqa: E402,F401
 from user_helpers import as_user, gpucr_as, users, users_tmp  # noqa: E402,F401
-
-HERE = Path(__file__).resolve().parent
-
 
 def images(cluster) -> Path:
     return cluster.state / "images"
@@ -44,16 +43,15 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def counting_job(cluster, d: Path, *args, srun=False, ballast_mib=0) -> tuple[str, Path]:
-    """A job counting into d/count.txt (through an srun step if srun), running;
-    ballast_mib: memory it holds, so that its checkpoint takes longer."""
+def counting_job(cluster, d: Path, *args, ballast_mib=0) -> tuple[str, Path]:
+    """A job counting into d/count.txt, submitted; ballast_mib: memory it holds,
+    so that its checkpoint takes longer."""
     d.chmod(0o755)
     (d / "counter.py").write_text(f"import sys, time\nballast = b'x' * ({ballast_mib} << 20)\n"
                                   "out = open(sys.argv[1], 'a', buffering=1)\n"
                                   "for i in range(100000):\n    out.write(f'{i}\\n')\n    time.sleep(0.05)\n")
     log = d / "count.txt"
-    run = f"{sys.executable} {d}/counter.py {log}"
-    (d / "job.sh").write_text(f"#!/bin/bash\n{'srun ' if srun else ''}{run}\n")
+    (d / "job.sh").write_text(f"#!/bin/bash\n{sys.executable} {d}/counter.py {log}\n")
     return cluster.sbatch(d / "job.sh", "--gpucr=on", "-N1", "-o", str(d / "job.out"), *args), log
 
 
@@ -393,8 +391,6 @@ def test_automatic_checkpoint_waits_for_a_running_command(slurm_cluster, workdir
     """A preemption while another command holds the job's lock: the supervisor's
     checkpoint waits for it (up to half the lead) instead of being refused, then
     checkpoints and requeues; the job goes on from there."""
-    from job_helpers import assert_counted_once, counting_script
-
     steps = 300
     log = workdir / "count.txt"
     out = workdir / "job.out"
