@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpucr_hpc import image_store, job_images, migrate, slurm
+from gpucr_hpc import image_store, job_dirs, job_images, migrate, slurm
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
@@ -40,9 +40,10 @@ SAID_NAME = "output-lines.jsonl"
 _log_path: Path | None = None
 
 
-def open_log(job_dir: Path) -> None:
+def open_log(job_dir: Path | None) -> None:
+    """None: a job dir that must not be written to; the log goes nowhere."""
     global _log_path
-    _log_path = job_dir / LOG_NAME
+    _log_path = job_dir / LOG_NAME if job_dir is not None else None
 
 
 def log(msg: str) -> None:
@@ -50,9 +51,13 @@ def log(msg: str) -> None:
     byte-identical to the checkpoint until the processes are back."""
     if _log_path is None:
         return
-    try:
-        with open(_log_path, "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURMD_NODENAME', '')} {msg}\n")
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURMD_NODENAME', '')} {msg}\n"
+    try:  # the user's alone, and never through a symlink planted there
+        fd = os.open(_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
     except OSError:
         pass
 
@@ -93,6 +98,10 @@ def say_again_after_rewind(gen: Path) -> None:
             print(rec.get("line", ""), file=sys.stderr, flush=True)
 
 
+def unreadable(e: OSError) -> str:
+    return f"cannot read {e.filename}: {e.strerror}" if e.filename else f"a file cannot be read: {e.strerror or e}"
+
+
 def check_generation(gen: Path, jobid: str) -> dict:
     """Every unit image is committed and intact before anything is touched."""
     older = (f"restore an older generation: gpucr-hpc restore {jobid} --from N "
@@ -102,11 +111,15 @@ def check_generation(gen: Path, jobid: str) -> dict:
         image_store.verify(gen, m)
     except GpucrError as e:
         raise UnusableGeneration(f"{gen.name} is not usable", e.cause, older) from e
+    except OSError as e:  # an unreadable file is a bad image like any other: the job is held
+        raise UnusableGeneration(f"{gen.name} is not usable", unreadable(e), older) from e
     for name in m.get("units", {}):
         try:
             image_store.open_image(gen / name)
         except GpucrError as e:
             raise UnusableGeneration(f"{gen.name} has no usable image of {name}", e.cause, older) from e
+        except OSError as e:
+            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", unreadable(e), older) from e
     return m
 
 
@@ -241,6 +254,13 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     process whose exit status is the script's), or None for a job that had no
     batch unit. Raises RestoreFailed."""
     job_dir = site.job_image_dir(jobid)
+    try:
+        job_dirs.check(job_dir, os.geteuid())  # the job's own, or never used (not even to log)
+    except GpucrError as e:
+        open_log(None)
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      "its image directory is not the job's own", "fix its owner and mode, "
+                      f"gpucr-hpc restore {jobid}") from e
     open_log(job_dir)
     from_older = f"gpucr-hpc restore {jobid} --from N"
     try:
@@ -251,6 +271,9 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     except GpucrError as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
                       "no committed checkpoint to restore", from_older) from e
+    except OSError as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {unreadable(e)}",
+                      "its checkpoint cannot be read", from_older) from e
     log(f"restoring job {jobid} from {gen}")
     t0 = time.monotonic()
     put_back_outputs(gen, m)

@@ -100,7 +100,8 @@ def checkpoint_and_requeue(jobid: str, lead: int) -> None:
         return
     say(f"checkpointing job {jobid} before {why}")
     try:
-        result = job_cr.preempt(jobid)
+        # A command on the job (a user's checkpoint) may be running: wait for it, up to half the lead.
+        result = job_cr.preempt(jobid, lock_wait_s=lead / 2)
     except GpucrError as e:
         say(f"automatic checkpoint of job {jobid} failed: {e.one_line()}; "
             + after_failed_checkpoint(jobid, preempted, _next_restore(jobid)))
