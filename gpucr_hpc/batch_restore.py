@@ -27,19 +27,23 @@ import sys
 import time
 from pathlib import Path
 
-from gpucr_hpc import image_store, job_images, migrate, slurm
+from gpucr_hpc import image_store, job_dirs, job_images, migrate, slurm
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
 
 LOG_NAME = "restore.log"
+# gpucr's own lines in the job's output, kept to be written again after a restore
+# rewinds the output to a checkpoint that came before them.
+SAID_NAME = "output-lines.jsonl"
 _log_path: Path | None = None
 
 
-def open_log(job_dir: Path) -> None:
+def open_log(job_dir: Path | None) -> None:
+    """None: a job dir that must not be written to; the log goes nowhere."""
     global _log_path
-    _log_path = job_dir / LOG_NAME
+    _log_path = job_dir / LOG_NAME if job_dir is not None else None
 
 
 def log(msg: str) -> None:
@@ -47,11 +51,55 @@ def log(msg: str) -> None:
     byte-identical to the checkpoint until the processes are back."""
     if _log_path is None:
         return
-    try:
-        with open(_log_path, "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURMD_NODENAME', '')} {msg}\n")
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURMD_NODENAME', '')} {msg}\n"
+    try:  # the user's alone, and never through a symlink planted there
+        fd = os.open(_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
     except OSError:
         pass
+
+
+def say(line: str) -> None:
+    """A line of gpucr's in the job's output (stderr), also kept with the checkpoint it
+    follows: a restore from that checkpoint or an older one writes it again."""
+    print(line, file=sys.stderr, flush=True)
+    if _log_path is None:
+        return
+    record = {"after": _generation_number(job_images.read_pointer(_log_path.parent, job_images.LATEST)),
+              "line": line}
+    try:
+        with open(_log_path.parent / SAID_NAME, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:
+        pass  # it is in the output; only a later rewind could lose it
+
+
+def _generation_number(gen: Path | None) -> int:
+    return int(gen.name.split("-")[1]) if gen is not None else 0
+
+
+def say_again_after_rewind(gen: Path) -> None:
+    """The lines put_back_outputs took away: those said after `gen` was checkpointed.
+    Only once the restored processes hold the output file, whose size CRIU checks."""
+    try:
+        records = (gen.parent / SAID_NAME).read_text().splitlines()
+    except OSError:
+        return
+    n = _generation_number(gen)
+    for text in records:
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            continue  # a line cut by a full disk
+        if rec.get("after", 0) >= n:
+            print(rec.get("line", ""), file=sys.stderr, flush=True)
+
+
+def unreadable(e: OSError) -> str:
+    return f"cannot read {e.filename}: {e.strerror}" if e.filename else f"a file cannot be read: {e.strerror or e}"
 
 
 def check_generation(gen: Path, jobid: str) -> dict:
@@ -62,13 +110,25 @@ def check_generation(gen: Path, jobid: str) -> dict:
         m = mf.load(gen)
         image_store.verify(gen, m)
     except GpucrError as e:
-        raise GpucrError(f"{gen.name} is not usable: {e.cause}", older) from e
+        raise UnusableGeneration(f"{gen.name} is not usable", e.cause, older) from e
+    except OSError as e:  # an unreadable file is a bad image like any other: the job is held
+        raise UnusableGeneration(f"{gen.name} is not usable", unreadable(e), older) from e
     for name in m.get("units", {}):
         try:
             image_store.open_image(gen / name)
         except GpucrError as e:
-            raise GpucrError(f"{gen.name} has no usable image of {name}: {e.cause}", older) from e
+            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", e.cause, older) from e
+        except OSError as e:
+            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", unreadable(e), older) from e
     return m
+
+
+class UnusableGeneration(GpucrError):
+    """A generation that cannot be restored: `summary` is the short form (a job's Comment)."""
+
+    def __init__(self, summary: str, why: str, fix: str):
+        super().__init__(f"{summary}: {why}", fix)
+        self.summary = summary
 
 
 def put_back_outputs(gen: Path, m: dict) -> None:
@@ -138,7 +198,7 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     try:
         # check_generation verified every unit before the job's restore began.
         rep = migrate.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
-                                   inherit=inherit, checksums_verified=True)
+                                   inherit=inherit, checksums_verified=True, tied=True)
     finally:
         remove_created(created)  # the restored shell holds it open by now
     register(site.job_run_dir(jobid), unit, rep["pid"])
@@ -174,11 +234,18 @@ class RestoreFailed(Exception):
     """The job could not be restored; it was requeued and held with the reason."""
 
 
-def give_up(jobid: str, reason: str) -> RestoreFailed:
+def give_up(jobid: str, reason: str, summary: str, then: str) -> RestoreFailed:
+    """The job requeued and held. `reason`, the whole line, goes to restore.log and the
+    job's output; its Comment says `summary` (what failed, a few words) and `then` (the
+    command that restores it once fixed): short and whole by construction, never cut."""
     log(reason)
-    print(reason, file=sys.stderr, flush=True)
-    slurm.requeue_hold(jobid, reason)
+    say(reason)
+    slurm.requeue_hold(jobid, hold_comment(jobid, summary, then))
     return RestoreFailed(reason)
+
+
+def hold_comment(jobid: str, summary: str, then: str) -> str:
+    return f"gpucr: cannot restore job {jobid}: {summary}; why: gpucr-hpc status {jobid}; then: {then}"
 
 
 def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
@@ -187,12 +254,26 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     process whose exit status is the script's), or None for a job that had no
     batch unit. Raises RestoreFailed."""
     job_dir = site.job_image_dir(jobid)
+    try:
+        job_dirs.check(job_dir, os.geteuid())  # the job's own, or never used (not even to log)
+    except GpucrError as e:
+        open_log(None)
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      "its image directory is not the job's own", "fix its owner and mode, "
+                      f"gpucr-hpc restore {jobid}") from e
     open_log(job_dir)
+    from_older = f"gpucr-hpc restore {jobid} --from N"
     try:
         gen = job_images.restore_target(job_dir)
         m = check_generation(gen, jobid)
+    except UnusableGeneration as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e
     except GpucrError as e:
-        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      "no committed checkpoint to restore", from_older) from e
+    except OSError as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {unreadable(e)}",
+                      "its checkpoint cannot be read", from_older) from e
     log(f"restoring job {jobid} from {gen}")
     t0 = time.monotonic()
     put_back_outputs(gen, m)
@@ -207,7 +288,10 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     except GpucrError as e:
         if batch is not None:
             batch["_launcher"].kill()
-        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}",
+                      f"the script's tree of {gen.name} did not restore",
+                      f"fix that, gpucr-hpc restore {jobid}") from e
+    say_again_after_rewind(gen)  # the restored tree holds the output at its checkpoint size
     steps = (batch or {}).get("timings") or {}  # CRIU and GPU parts: the figures of a restore
     log(f"batch tree restored in {time.monotonic() - t0:.2f} s "
         + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s")}))
@@ -222,7 +306,8 @@ def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | N
     except GpucrError as e:
         if launcher is not None:
             launcher.kill()
-        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}") from e
+        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}",
+                      f"the ranks of {gen.name} did not restore", f"fix that, gpucr-hpc restore {jobid}") from e
     if rc is not None:
         hand_status(m, rc)
     return rc

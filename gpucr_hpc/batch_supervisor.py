@@ -37,7 +37,7 @@ FORWARDED = slurm.TASK_SIGNALS
 
 
 def say(msg: str) -> None:
-    print(f"gpucr: {msg}", file=sys.stderr, flush=True)
+    batch_restore.say(f"gpucr: {msg}")  # kept: a later restore's rewind must not erase it
 
 
 def checkpoint_signal(name: str | None) -> signal.Signals | None:
@@ -100,7 +100,8 @@ def checkpoint_and_requeue(jobid: str, lead: int) -> None:
         return
     say(f"checkpointing job {jobid} before {why}")
     try:
-        result = job_cr.preempt(jobid)
+        # A command on the job (a user's checkpoint) may be running: wait for it, up to half the lead.
+        result = job_cr.preempt(jobid, lock_wait_s=lead / 2)
     except GpucrError as e:
         say(f"automatic checkpoint of job {jobid} failed: {e.one_line()}; "
             + after_failed_checkpoint(jobid, preempted, _next_restore(jobid)))
@@ -144,20 +145,35 @@ def exit_like(status: int) -> int:
 def supervise(child: subprocess.Popen, script_pid: int, jobid: str,
               ckpt_sig: signal.Signals | None, lead: int, waited: set) -> int:
     """Wait for `child` (the script, or the init of its restored PID namespace),
-    answering signals; forwarded ones go to the script itself."""
+    answering signals; forwarded ones go to the script itself.
+
+    sigwaitinfo, not sigtimedwait: CPython's sigtimedwait returns an unset
+    siginfo when a stop (Slurm's suspend) outlasts its timeout, and the job died
+    of forwarding that garbage. The child's end comes as SIGCHLD, so no timeout
+    is needed. Nothing raised here may end the job: it is said, and the wait goes on."""
     while True:
-        info = signal.sigtimedwait(waited, 1.0)
         if child.poll() is not None:
             return child.returncode
-        if info is None or info.si_signo == signal.SIGCHLD:
-            continue
-        if ckpt_sig is not None and info.si_signo == ckpt_sig:
-            checkpoint_and_requeue(jobid, lead)
-        else:
-            try:
-                os.kill(script_pid, info.si_signo)
-            except ProcessLookupError:
-                pass
+        info = signal.sigwaitinfo(waited)
+        try:
+            answer(info.si_signo, waited, script_pid, jobid, ckpt_sig, lead)
+        except Exception as e:  # noqa: BLE001 - the job outlives anything unforeseen here
+            say(f"signal {info.si_signo} not handled ({type(e).__name__}: {e}); the job runs on")
+            batch_restore.log(f"supervisor: signal {info.si_signo} not handled: {type(e).__name__}: {e}")
+
+
+def answer(signo: int, waited: set, script_pid: int, jobid: str,
+           ckpt_sig: signal.Signals | None, lead: int) -> None:
+    """One signal: the checkpoint signal checkpoints, the others go to the script."""
+    if signo not in waited or signo == signal.SIGCHLD:
+        return  # only the signals we wait for are real; SIGCHLD only wakes the wait
+    if ckpt_sig is not None and signo == ckpt_sig:
+        checkpoint_and_requeue(jobid, lead)
+        return
+    try:
+        os.kill(script_pid, signo)
+    except ProcessLookupError:
+        pass
 
 
 def main() -> int:

@@ -54,3 +54,9 @@ def main():
     except GpucrError as e:
         click.echo(f"gpucr-hpc: error: {e.one_line()}", err=True)
         sys.exit(e.exit_code)
+    except OSError as e:  # not foreseen where it happened: still one line, never a traceback
+        where = f" ({e.filename})" if e.filename else ""
+        click.echo(f"gpucr-hpc: error: {type(e).__name__}: {e.strerror or e}{where}; unexpected here: "
+                   "check the job or process (gpucr-hpc status), run the command again, and report "
+                   "it with this line if it persists", err=True)
+        sys.exit(1)

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from gpucr_hpc import job_cr, job_images
+from gpucr_hpc import job_cr, job_dirs, job_images
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
@@ -65,7 +66,7 @@ def restore_job(jobid: str, gen: int | None, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("jobid")
+@click.argument("jobid", callback=job_dirs.job_id_argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def preempt(jobid, as_json):
     """Checkpoint a running --gpucr=on job, then requeue it.
@@ -82,35 +83,63 @@ def job_rows(jobid: str | None = None) -> list[dict]:
     site = load_site()
     root = Path(site.imageroot)
     if jobid:
-        dirs = [root / jobid]
-        if dirs[0].is_dir() and not _readable(dirs[0]):
-            raise GpucrError(f"the checkpoints of job {jobid} belong to uid {dirs[0].stat().st_uid}, "
-                             f"you are uid {os.geteuid()}", "only the job's owner or root can read them")
+        job_dir = site.job_image_dir(jobid)
+        dirs = [job_dir] if _mine(job_dir, jobid) else []
     elif root.is_dir():
-        # Other users' jobs are theirs alone (mode 0700): listed only for root.
-        dirs = sorted((p for p in root.iterdir() if p.name.isdigit() and _readable(p)),
+        # Other users' jobs are theirs alone: listed only for root.
+        dirs = sorted((p for p in root.iterdir() if p.name.isdigit() and _mine(p)),
                       key=lambda p: int(p.name))
     else:
         dirs = []
     rows = []
     for job_dir in dirs:
-        latest = job_images.read_pointer(job_dir, job_images.LATEST)
-        for n, path, committed in job_images.generations(job_dir):
-            row = {"job": job_dir.name, "generation": path.name, "committed": committed,
-                   "latest": path == latest, "path": str(path)}
-            if committed:
-                try:
-                    m = mf.load(path)
-                    row.update(bytes=m.get("total_bytes", 0), nodes=m.get("nodes", []),
-                               units=sorted(m.get("units", {})), created=m.get("created"))
-                except GpucrError as e:
-                    row.update(error=e.one_line())
-            rows.append(row)
+        try:
+            rows += _generation_rows(job_dir)
+        except OSError as e:
+            raise GpucrError(f"cannot read the checkpoints of job {job_dir.name}: "
+                             f"{e.strerror} ({e.filename})", "only the job's owner or root can read them")
     return rows
 
 
-def _readable(job_dir: Path) -> bool:
-    return os.access(job_dir, os.R_OK | os.X_OK)
+def _generation_rows(job_dir: Path) -> list[dict]:
+    rows = []
+    latest = job_images.read_pointer(job_dir, job_images.LATEST)
+    for n, path, committed in job_images.generations(job_dir):
+        row = {"job": job_dir.name, "generation": path.name, "committed": committed,
+               "latest": path == latest, "path": str(path)}
+        if committed:
+            try:
+                m = mf.load(path)
+                row.update(bytes=m.get("total_bytes", 0), nodes=m.get("nodes", []),
+                           units=sorted(m.get("units", {})), created=m.get("created"))
+            except GpucrError as e:
+                row.update(error=e.one_line())
+            except OSError as e:  # unreadable: shown as damaged, like a bad checksum
+                row.update(error=f"cannot read {e.filename}: {e.strerror}")
+        rows.append(row)
+    return rows
+
+
+def _mine(job_dir: Path, jobid: str | None = None) -> bool:
+    """Whether this user may list the job's checkpoints: its owner and root may,
+    whatever the mode; another user gets one line (jobid given) or nothing."""
+    try:
+        st = job_dir.lstat()
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise GpucrError(f"cannot read {job_dir}: {e.strerror}", "check the image root's permissions") from e
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):  # a symlink planted in the image root is never followed
+        if jobid is None:
+            return False
+        raise GpucrError(f"{job_dir} is not a directory", job_dirs.NOT_OURS_FIX)
+    if me == 0 or (st.st_uid == me and os.access(job_dir, os.R_OK | os.X_OK)):
+        return True
+    if jobid is None:
+        return False
+    raise GpucrError(f"the checkpoints of job {jobid} belong to uid {st.st_uid}, you are uid {me}",
+                     "only the job's owner or root can read them")
 
 
 def generation_state(r: dict) -> str:
@@ -126,7 +155,7 @@ def generation_cells(r: dict) -> list[str]:
 
 
 @click.command("ls")
-@click.argument("jobid", required=False)
+@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the generations as JSON.")
 def ls(jobid, as_json):
     """List the checkpoints in the image store: jobs, generations, sizes, nodes."""
@@ -153,7 +182,7 @@ def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("jobid")
+@click.argument("jobid", callback=job_dirs.job_id_argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def suspend(jobid, as_json):
     """Hand a running --gpucr=on job's GPU memory back, then suspend it (scontrol suspend).
@@ -165,7 +194,7 @@ def suspend(jobid, as_json):
 
 
 @click.command()
-@click.argument("jobid")
+@click.argument("jobid", callback=job_dirs.job_id_argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def resume(jobid, as_json):
     """Resume a job suspended by `gpucr-hpc suspend`, and restore its GPU state in place."""

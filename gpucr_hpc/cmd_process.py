@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from gpucr_hpc import migrate
+from gpucr_hpc import job_dirs, migrate
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.process_cr import DEFAULT_TIMEOUT_MS, checkpoint_tree, restore_tree, status_all
 from gpucr_hpc.shim_client import default_run_dir, shim_library
@@ -96,7 +96,7 @@ def run(arena, arena_size, use_helper, run_dir, cmd):
 
 
 @click.command()
-@click.argument("jobid", required=False)
+@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
 @click.option("--pid", type=int, default=None, help="The process (and its children) to checkpoint.")
 @click.option("--timeout", "timeout_ms", type=click.IntRange(min=1), default=None, metavar="MS",
               help=f"With --pid: how long the shims wait for GPU work in flight, and the driver "
@@ -156,7 +156,7 @@ def _refuse_for_job(**given) -> None:
 
 
 @click.command()
-@click.argument("jobid", required=False)
+@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
 @click.option("--pid", type=int, default=None, help="The process (and its children) checkpointed in place.")
 @click.option("--from", "source", metavar="N|DIR", default=None,
               help="With JOBID: the generation to restore, N or gen-N (default: the newest committed "
@@ -214,7 +214,7 @@ def image_dir(source: str) -> str:
 
 
 @click.command()
-@click.argument("jobid", required=False)
+@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
 @run_dir_option
 @json_option
 def status(jobid, run_dir, as_json):

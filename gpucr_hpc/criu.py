@@ -100,8 +100,10 @@ class Criu:
             from gpucr_hpc import criu_helper
             return criu_helper.dump(pid, images_dir, work_dir, leave_running=leave_running,
                                     shell_job=shell_job)
-        args = (run_as or []) + [self.path] + (["--unprivileged"] if run_as else []) + ["dump", "-t", str(pid), "-D", str(images_dir), "-W", str(work_dir),
-                "-o", "dump.log", "-v4", "--file-locks", "--link-remap"]
+        enter, tree_pid = enter_pidns_of(pid)
+        args = enter + (run_as or []) + [self.path] + (["--unprivileged"] if run_as else []) + [
+            "dump", "-t", str(tree_pid), "-D", str(images_dir), "-W", str(work_dir),
+            "-o", "dump.log", "-v4", "--file-locks", "--link-remap"]
         if leave_running:
             args.append("--leave-running")
         if shell_job:
@@ -111,7 +113,7 @@ class Criu:
         script.write_text(_POST_DUMP_SCRIPT.format(
             python=shlex.quote(sys.executable),
             code=shlex.quote(_POST_DUMP_CODE.format(
-                path=str(Path(__file__).resolve().parent.parent), pid=pid, out=str(files_json)))))
+                path=str(Path(__file__).resolve().parent.parent), pid=tree_pid, out=str(files_json)))))
         script.chmod(0o700)
         args += ["--action-script", str(script)]
         args += extra or []
@@ -130,7 +132,7 @@ class Criu:
 
     def start_restore(self, images_dir: Path, work_dir: Path, *, shell_job: bool,
                       new_pidns: bool, inherit: dict[int, str] | None = None,
-                      extra: list[str] | None = None) -> "Restored":
+                      extra: list[str] | None = None, tied: bool = False) -> "Restored":
         """Restore a tree; returns once it runs (or raises with CRIU's own error).
 
         In the current PID namespace CRIU detaches (`-d`) and the tree is
@@ -142,12 +144,16 @@ class Criu:
         restored tree gets our fd where it had that resource (`--inherit-fd`),
         e.g. the stdio pipes of a new Slurm step in place of the old ones.
 
+        `tied` (new_pidns only): the namespace, and the tree in it, ends with the
+        calling thread, as a job's processes must end with its step: nothing of a
+        job may run on outside it when the step that restored it dies.
+
         An ordinary user's restore goes through the root helper (criu_helper).
         """
         if os.geteuid() != 0:
             from gpucr_hpc import criu_helper
             return criu_helper.start_restore(images_dir, work_dir, shell_job=shell_job,
-                                             new_pidns=new_pidns, inherit=inherit)
+                                             new_pidns=new_pidns, inherit=inherit, tied=tied)
         pidfile = work_dir / "restore.pid"
         log = work_dir / "restore.log"
         args = [self.path, "restore", "-D", str(images_dir), "-W", str(work_dir), "-o", "restore.log",
@@ -160,8 +166,10 @@ class Criu:
         args += extra or []
         args.append("-d")
         if new_pidns:
-            args = ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m",
-                    "gpucr_hpc.pidns_init"] + args
+            # --kill-child: the namespace's init dies with unshare; setpriv: unshare with us.
+            tie = ["setpriv", "--pdeathsig", "KILL"] if tied else []
+            args = tie + ["unshare", "-p", "-f", "--kill-child=SIGKILL", "--mount-proc",
+                          sys.executable, "-m", "gpucr_hpc.pidns_init"] + args
         std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1, 2)]
         proc = subprocess.Popen(args, stdin=std[0], stdout=std[1], stderr=std[2],
                                 start_new_session=True, close_fds=True,
@@ -344,6 +352,20 @@ def _status(pid: int) -> dict[str, str]:
 
 def nspid(pid: int) -> list[int]:
     return [int(x) for x in _status(pid).get("NSpid", str(pid)).split()]
+
+
+def enter_pidns_of(pid: int) -> tuple[list[str], int]:
+    """How CRIU must run to dump the tree of `pid`: (command prefix, the tree's PID there).
+
+    A restored tree lives in a PID namespace of its own (and the mount namespace
+    that mounts its /proc), below ours. CRIU cannot dump a PID namespace without
+    its init, so it runs inside both namespaces and sees the tree as its own: the
+    image then holds the PIDs the tree knows, as a first dump's does, and is
+    restored the same way."""
+    inside, ours = nspid(pid), nspid(os.getpid())
+    if len(inside) <= len(ours):
+        return [], pid
+    return ["nsenter", f"--target={pid}", "--pid", "--mount", "--"], inside[-1]
 
 
 def owner_uid(pid: int) -> int:

@@ -86,9 +86,9 @@ class HelperLauncher(subprocess.Popen):
 
 
 def start_restore(images_dir: Path, work_dir: Path, *, shell_job: bool, new_pidns: bool,
-                  inherit: dict[int, str] | None = None) -> Restored:
+                  inherit: dict[int, str] | None = None, tied: bool = False) -> Restored:
     inherit = inherit or {}
-    flags = (["--shell-job"] * shell_job + ["--new-pidns"] * new_pidns
+    flags = (["--shell-job"] * shell_job + ["--new-pidns"] * new_pidns + ["--tied"] * tied
              + [f"--inherit-fd={fd}:{key}" for fd, key in sorted(inherit.items())])
     std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1)]
     proc = HelperLauncher(_argv("restore", images_dir, work_dir, flags), stdin=std[0], stdout=std[1],

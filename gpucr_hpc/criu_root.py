@@ -400,7 +400,7 @@ def restore(args, who: Caller, work_fd: int) -> tuple[dict, object]:
         try:
             restored = criu_mod.find_criu().start_restore(
                 images, work, shell_job=args.shell_job, new_pidns=args.new_pidns, inherit=inherit,
-                extra=_checker(work, who, images, keep))
+                extra=_checker(work, who, images, keep), tied=args.tied)
         except GpucrError as e:
             _why_check_failed(work / "check.json", e, args.work)
             raise
@@ -462,6 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--pid", type=int, required=True)
     r = sub.add_parser("restore")
     r.add_argument("--new-pidns", action="store_true")
+    r.add_argument("--tied", action="store_true",
+                   help="the restored namespace ends when the caller (sudo's parent) does")
     r.add_argument("--inherit-fd", action="append", default=[])
     for s in (d, r):
         s.add_argument("--images", required=True)
@@ -484,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpucr-criu-root: {e.one_line()}", file=sys.stderr)
         return 1
     launcher = None
+    caller = _parent_of(os.getppid())  # sudo's parent: who asked
     try:
         if args.op == "dump":
             out = dump(args, who, work_fd)
@@ -499,7 +502,27 @@ def main(argv: list[str] | None = None) -> int:
     _write_result(work_fd, out, who)
     if "error" in out:
         return 1
-    return launcher.wait() if args.new_pidns and launcher is not None else 0
+    if not (args.new_pidns and launcher is not None):
+        return 0
+    return wait_tied(launcher, caller) if args.op == "restore" and args.tied else launcher.wait()
+
+
+def wait_tied(launcher, caller: int) -> int:
+    """The restored namespace's status; it is ended first if the caller (the job step
+    that asked for it) dies: sudo outlives its parent, the tree must not."""
+    while True:
+        try:
+            return launcher.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            if not criu_mod.is_alive(caller):
+                launcher.kill()  # the namespace's init: the whole tree goes with it
+
+
+def _parent_of(pid: int) -> int:
+    try:
+        return int(criu_mod._status(pid)["PPid"])
+    except (OSError, KeyError, ValueError):
+        return pid
 
 
 def _write_result(work_fd: int, out: dict, who: Caller) -> None:

@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from gpucr_hpc import gpu_steer, job_images, slurm
+from gpucr_hpc import gpu_steer, job_dirs, job_images, job_lock, slurm
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site, require_plugin
@@ -39,12 +39,17 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
             # An agent that dies would leave the others waiting in the vote forever.
             "--gpucr=off", "--kill-on-bad-exit=1", "--job-name=gpucr-agent",
             sys.executable, "-m", "gpucr_hpc.agent", *agent_args, "--job-json", _job_json(job)]
+    argv = as_job_user(job, argv)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_SPANK_")}
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S, env=env)
     except subprocess.TimeoutExpired as e:
         raise GpucrError(f"the node agents of job {job.id} did not finish in {AGENT_TIMEOUT_S} s",
                          "see the slurmd logs of the job's nodes; the job was left running") from e
+    except FileNotFoundError as e:  # srun, or runuser for root
+        raise GpucrError(f"{argv[0]} not found, which starts the node agents of job {job.id}",
+                         "install the Slurm client commands (and util-linux's runuser, with which root "
+                         "starts them as the job's user), or fix PATH") from e
     lines = []
     for line in out.stdout.splitlines():
         try:
@@ -55,6 +60,15 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
     reports = [l["node_report"] for l in lines if "node_report" in l]
     why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"srun exit {out.returncode}"
     return result, reports, why
+
+
+def as_job_user(job: slurm.Job, argv: list[str]) -> list[str]:
+    """Root starts the agents as the job's user: Slurm lets only the job's owner
+    create a step in it (root too gets Access/permission denied), and the agents
+    must act with the user's rights (CRIU through the root helper, files the user's)."""
+    if os.geteuid() == 0 and job.uid > 0:
+        return ["runuser", "-u", job.user, "--", *argv]
+    return argv
 
 
 def _job_json(job: slurm.Job) -> str:
@@ -69,13 +83,25 @@ def _running_job(jobid: str, verb: str) -> slurm.Job:
     return job
 
 
-def checkpoint(jobid: str, hold_gpu: bool = False, job: slurm.Job | None = None) -> dict:
-    """Checkpoint every unit of a running job into a new generation; the job runs on.
-    hold_gpu (preempt): its GPU memory stays handed back, for the requeue that follows."""
+def _locked(job: slurm.Job, wait_s: float = 0.0):
+    """The job's lock (job_lock.py), in its directory: one command on a job at a time."""
+    job_dir = job_dirs.ensure(load_site().job_image_dir(job.id), job.uid)
+    return job_lock.held(job_dir, job.id, job.uid, wait_s=wait_s)
+
+
+def checkpoint(jobid: str) -> dict:
+    """Checkpoint every unit of a running job into a new generation; the job runs on."""
+    require_plugin(load_site())
+    job = _running_job(jobid, "checkpointed")
+    with _locked(job):
+        return _checkpoint(jobid, job)
+
+
+def _checkpoint(jobid: str, job: slurm.Job, hold_gpu: bool = False) -> dict:
+    """checkpoint, under the job's lock. hold_gpu (preempt): its GPU memory stays
+    handed back, for the requeue that follows."""
     t0 = time.monotonic()
     site = load_site()
-    require_plugin(site)
-    job = job or _running_job(jobid, "checkpointed")
     gen_dir = job_images.new_generation(site.job_image_dir(job.id), job.uid)
     args = ["checkpoint", "--gen-dir", str(gen_dir)] + ["--hold-gpu"] * hold_gpu
     try:
@@ -114,15 +140,23 @@ def suspend(jobid: str) -> dict:
     t0 = time.monotonic()
     require_plugin(load_site())
     job = _running_job(jobid, "suspended")
+    slurm.require_operator("suspend", jobid)  # before the GPU memory is handed back for nothing
+    with _locked(job):
+        return _suspend(jobid, job, t0)
+
+
+def _suspend(jobid: str, job: slurm.Job, t0: float) -> dict:
     result = _in_place(job, "yield")
     if not result["ok"]:
         raise GpucrError(f"suspend of job {jobid} aborted: {'; '.join(result['errors'])}",
                          "the job was left running with its GPU memory")
     try:
         slurm.suspend(jobid)
-    except GpucrError:
-        _in_place(job, "reclaim")
-        raise
+    except GpucrError as e:
+        back = _in_place(job, "reclaim")
+        state = ("its GPU state is back" if back["ok"]
+                 else f"its GPU state did not come back ({'; '.join(back['errors'])})")
+        raise GpucrError(f"{e.cause}; the job was left running and {state}", e.fix) from e
     result["total_s"] = time.monotonic() - t0
     return result
 
@@ -134,7 +168,13 @@ def resume(jobid: str) -> dict:
     job = _job_for_action(jobid)
     if job.state not in ("SUSPENDED", "RUNNING"):
         raise GpucrError(f"job {jobid} is {job.state}, not SUSPENDED", "only a suspended job can be resumed")
+    with _locked(job):
+        return _resume(jobid, job, t0)
+
+
+def _resume(jobid: str, job: slurm.Job, t0: float) -> dict:
     if job.state == "SUSPENDED":
+        slurm.require_operator("resume", jobid)
         slurm.resume(jobid)  # RUNNING: a retry, only the GPU state is left to restore
     result = _in_place(job, "reclaim")  # the shim's gate holds GPU calls until this is done
     if not result["ok"]:
@@ -145,16 +185,24 @@ def resume(jobid: str) -> dict:
     return result
 
 
-def preempt(jobid: str) -> dict:
+def preempt(jobid: str, lock_wait_s: float = 0.0) -> dict:
     """Checkpoint, then requeue: the job restarts from this checkpoint. Its GPU memory
     is handed back at the checkpoint and stays so until the requeue ends the job; if
-    the requeue fails, the GPU state goes back and the job runs on."""
+    the requeue fails, the GPU state goes back and the job runs on.
+    lock_wait_s: how long to wait for another command on the job to end (the
+    automatic checkpoint waits; a user's command is refused at once)."""
+    require_plugin(load_site())
     job = _running_job(jobid, "preempted")
     if not job.requeue:
         raise GpucrError(f"job {jobid} cannot be requeued (submitted with --no-requeue)",
                          f"checkpoint it instead (gpucr-hpc checkpoint {jobid}), or let it be "
                          f"requeued: scontrol update JobId={jobid} Requeue=1")
-    result = checkpoint(jobid, hold_gpu=True, job=job)
+    with _locked(job, lock_wait_s):
+        return _preempt(jobid, job)
+
+
+def _preempt(jobid: str, job: slurm.Job) -> dict:
+    result = _checkpoint(jobid, job, hold_gpu=True)
     t = time.monotonic()
     try:
         steering = _requeue(job)
@@ -189,9 +237,19 @@ def restore(jobid: str, gen: int | None = None) -> dict:
     if job.running:
         raise GpucrError(f"job {jobid} is running", "preempt it instead (gpucr-hpc preempt JOBID)")
     job_dir = site.job_image_dir(job.id)
+    if not job_dirs.check(job_dir, job.uid):
+        job_images.restore_target(job_dir, gen)  # says there is no checkpoint
+    with job_lock.held(job_dir, job.id, job.uid):
+        return _restore(job, job_dir, gen)
+
+
+def _restore(job: slurm.Job, job_dir, gen: int | None) -> dict:
+    jobid = job.id
     target = job_images.restore_target(job_dir, gen)
     mf.load(target)  # committed and intact manifest, or a one-line error
     mf.write_atomic(job_dir / job_images.RESTORE, f"{target.name}\n".encode(), mode=0o644)
+    if os.geteuid() == 0:  # root restoring a user's job: the job's restorer removes it
+        os.chown(job_dir / job_images.RESTORE, job.uid, -1)
     if job.state == "PENDING":
         if "held" in job.raw.get("Reason", "").lower():
             slurm.release(jobid)  # held by a failed restore: try again with this generation

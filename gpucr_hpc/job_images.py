@@ -22,6 +22,7 @@ import re
 import shutil
 from pathlib import Path
 
+from gpucr_hpc import job_dirs
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
 
@@ -50,18 +51,16 @@ def generations(job_dir: Path) -> list[tuple[int, Path, bool]]:
 
 def new_generation(job_dir: Path, owner_uid: int) -> Path:
     """Create gen-<N+1>; N counts every generation ever started, committed or not."""
-    job_dir = Path(job_dir)
-    try:
-        job_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if os.geteuid() == 0:
-            os.chown(job_dir, owner_uid, -1)
-    except OSError as e:
-        raise GpucrError(f"cannot create {job_dir}: {e.strerror}",
-                         "check the image root (plugstack.conf imageroot=) and its permissions")
+    job_dir = job_dirs.ensure(Path(job_dir), owner_uid)  # the job user's alone, or refused
     gens = generations(job_dir)
     n = gens[-1][0] + 1 if gens else 1
     path = job_dir / gen_name(n)
-    path.mkdir(mode=0o700)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError as e:  # the job's lock keeps gpucr-hpc commands apart; anything else
+        raise GpucrError(f"{path} appeared while this checkpoint began",
+                         "something outside gpucr-hpc writes into the job's directory; "
+                         "the job was left running") from e
     if os.geteuid() == 0:
         os.chown(path, owner_uid, -1)
     return path

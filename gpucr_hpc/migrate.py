@@ -325,8 +325,10 @@ def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
 
 def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False,
                  inherit: dict[int, str] | None = None, checksums_verified: bool = False,
-                 gpus: list[str] | None = None) -> dict:
+                 gpus: list[str] | None = None, tied: bool = False) -> dict:
     """Restore the image in from_dir; `inherit` hands our fds to the tree (criu --inherit-fd).
+
+    tied: a job's unit, whose new PID namespace must end with the step restoring it.
 
     checksums_verified: the caller has just verified the image's checksums (a job
     restore checks every unit before it touches anything); not read twice.
@@ -365,7 +367,7 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
     t = time.monotonic()
     restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
-                                  new_pidns=new_ns, inherit=inherit)
+                                  new_pidns=new_ns, inherit=inherit, tied=tied and new_ns)
     timings["criu_restore_s"] = time.monotonic() - t
     placed = []
     if m.get("gpu_processes"):

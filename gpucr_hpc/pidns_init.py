@@ -25,6 +25,9 @@ def exit_code(status: int) -> int:
 
 def main(argv: list[str]) -> int:
     pidfile = argv[argv.index("--pidfile") + 1]
+    # The restored tree joins our session (CRIU --shell-job): its leader must be
+    # inside the namespace, or the next dump of the tree cannot record it.
+    os.setsid()
     # As PID 1 we get only the signals we handle: pass termination on to the tree.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda s, _f: os.kill(-1, s))

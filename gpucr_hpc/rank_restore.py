@@ -18,6 +18,7 @@ from pathlib import Path
 from gpucr_hpc import manifest as mf
 from gpucr_hpc import slurm
 from gpucr_hpc.batch_restore import give_up, log, open_log, restore_unit
+from gpucr_hpc.batch_restore import say as kept_say
 from gpucr_hpc.criu import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
@@ -82,9 +83,9 @@ def superseded(jobid: str) -> str | None:
 
 
 def say(msg: str) -> None:
-    """To the step's stderr and to restore.log, which (unlike the job's output, cut
-    back by the next restore) keeps it."""
-    print(msg, file=sys.stderr, flush=True)
+    """To the step's stderr (kept, and written again after the next restore cuts the
+    job's output back) and to restore.log."""
+    kept_say(msg)
     log(msg)
 
 
@@ -119,11 +120,14 @@ def main(argv=None) -> int:
         if stale or signals.ended:
             say(f"gpucr: rank {procid} not restored ({msg}): {stale or 'the step was ended'}")
             return 1
+        node = os.environ.get("SLURMD_NODENAME", "its node")
         try:
             give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {msg}; "
-                           f"fix that, then gpucr-hpc restore {jobid} --from N")
+                           f"fix that, then gpucr-hpc restore {jobid} --from N",
+                    f"rank {procid} of {gen.name} did not restore on {node}",
+                    f"fix that, gpucr-hpc restore {jobid} --from N")
         except GpucrError as held:
-            print(f"gpucr: error: holding job {jobid} failed: {held.one_line()}", file=sys.stderr, flush=True)
+            say(f"gpucr: error: holding job {jobid} failed: {held.one_line()}")
         return 1
     # Requeued or ended while CRIU ran: the rank got no signal, and will get none.
     stale = "Slurm ended the step while the rank was restored" if signals.ended else superseded(jobid)

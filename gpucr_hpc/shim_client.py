@@ -212,12 +212,25 @@ class ShimClient:
         except ConnectionRefusedError:
             raise GpucrError(f"process {self.pid} does not answer on {self.path}",
                              "the process may have exited; `gpucr-hpc status` cleans stale sockets")
+        except OSError as e:  # ECONNRESET, EPIPE: it exited (or was killed) while we asked
+            raise GpucrError(f"process {self.pid} dropped the `{cmd}` request on its control socket "
+                             f"({e.strerror or e})", self._gone_fix()) from e
         finally:
             s.close()
         if not buf:
             raise GpucrError(f"process {self.pid} closed the control socket without answering",
                              "run as the process owner or root")
-        return json.loads(buf.decode())
+        try:
+            return json.loads(buf.decode())
+        except ValueError as e:
+            raise GpucrError(f"process {self.pid} answered `{cmd}` with something that is not JSON",
+                             "its shim and this gpucr-hpc differ: install both from one build") from e
+
+    def _gone_fix(self) -> str:
+        if not pid_alive(self.pid):
+            return ("it has exited; restore it from its last checkpoint (gpucr-hpc restore JOBID, "
+                    "or restore --from DIR)")
+        return "it may be stopped or exiting: check it with `gpucr-hpc status`, then try again"
 
     def status(self) -> dict:
         return self.request("status")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job_dirs import check_job_id
 
 PLUGIN_NAME = "spank_gpucr.so"
 
@@ -36,10 +37,10 @@ class Site:
         return Path(expand(self.rundir, node))
 
     def job_run_dir(self, jobid: str, node: str | None = None) -> Path:
-        return self.run_dir_root(node) / str(jobid)
+        return self.run_dir_root(node) / check_job_id(str(jobid))
 
     def job_image_dir(self, jobid: str) -> Path:
-        return Path(self.imageroot) / str(jobid)
+        return Path(self.imageroot) / check_job_id(str(jobid))  # never "..", never "14/../15"
 
 
 def expand(value: str, node: str | None = None) -> str:

@@ -8,6 +8,7 @@ ships; the CLI is the backend that always works.)
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -45,7 +46,8 @@ class Job:
         return self.state == "RUNNING"
 
 
-def run(*argv: str, timeout: float = 60, check: bool = True) -> subprocess.CompletedProcess:
+def run(*argv: str, timeout: float = 60, check: bool = True,
+        fix: str = "check the job id and that slurmctld runs") -> subprocess.CompletedProcess:
     try:
         out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
@@ -55,8 +57,7 @@ def run(*argv: str, timeout: float = 60, check: bool = True) -> subprocess.Compl
                          "check that slurmctld runs (scontrol ping)")
     if check and out.returncode != 0:
         msg = (out.stderr.strip() or out.stdout.strip()).splitlines()
-        raise GpucrError(f"{' '.join(argv[:3])} failed: {msg[-1] if msg else out.returncode}",
-                         "check the job id and that slurmctld runs")
+        raise GpucrError(f"{' '.join(argv[:3])} failed: {msg[-1] if msg else out.returncode}", fix)
     return out
 
 
@@ -93,7 +94,9 @@ def show_job(jobid: str) -> Job:
         requeue=d.get("Requeue", "1") == "1", raw=d)
 
 
-def check_access(job: Job, fix: str = "only the job's owner or root can checkpoint, restore or signal it") -> None:
+def check_access(job: Job, fix: str = "only the job's owner or root can checkpoint, restore or signal it "
+                                      "(Slurm lets no one else start its node agents in it): ask its owner, "
+                                      "or run the command as root") -> None:
     """Only root and the job's owner may act on a job, or see its checkpoints."""
     me = os.geteuid()
     if me not in (0, job.uid):
@@ -105,10 +108,11 @@ def requeue(jobid: str) -> None:
 
 
 def requeue_hold(jobid: str, reason: str, patience_s: float = 30.0) -> None:
-    """Requeue the job held, the reason in its Comment. The reason goes first, so
-    that it is there even if the requeue fails; a job in a passing state (a step
-    still launching or completing) is tried again for `patience_s`."""
-    run("scontrol", "update", f"JobId={jobid}", f"Comment={reason[:200]}", check=False)
+    """Requeue the job held, the reason in its Comment (short: the caller keeps it so,
+    never cut here). The reason goes first, so that it is there even if the requeue
+    fails; a job in a passing state (a step still launching or completing) is tried
+    again for `patience_s`."""
+    run("scontrol", "update", f"JobId={jobid}", f"Comment={reason}", check=False)
     deadline = time.monotonic() + patience_s
     while True:
         try:
@@ -124,9 +128,58 @@ def release(jobid: str) -> None:
     run("scontrol", "release", str(jobid))
 
 
+# sacctmgr's AdminLevel values that Slurm lets suspend and resume jobs.
+OPERATOR_LEVELS = {"operator", "administrator"}
+
+
+def _config() -> dict:
+    """`scontrol show config` as {key: value}."""
+    out = run("scontrol", "show", "config", check=False)
+    pairs = (line.partition("=") for line in out.stdout.splitlines() if " = " in line)
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+def _uid_in(user_field: str) -> int | None:
+    """SlurmUser is written `name(uid)`."""
+    m = re.search(r"\((\d+)\)", user_field)
+    return int(m.group(1)) if m else None
+
+
+def known_not_operator(uid: int) -> bool:
+    """True only when Slurm surely refuses this user a suspend or resume: not root, not
+    SlurmUser, and no AdminLevel of Operator or Administrator (only accounting holds
+    those). When that cannot be told (slurmdbd down), False: scontrol decides."""
+    conf = _config() if uid != 0 else {}
+    if not conf or _uid_in(conf.get("SlurmUser", "")) == uid:
+        return False  # root, SlurmUser, or no answer from slurmctld
+    if "slurmdbd" not in conf.get("AccountingStorageType", ""):
+        return True
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        out = run("sacctmgr", "-nP", "show", "user", name, "format=adminlevel", check=False)
+    except (KeyError, GpucrError):
+        return False
+    level = out.stdout.strip().lower()
+    return out.returncode == 0 and bool(level) and level not in OPERATOR_LEVELS
+
+
+def require_operator(verb: str, jobid: str) -> None:
+    """Slurm lets only operators and administrators suspend and resume jobs."""
+    uid = os.geteuid()
+    if known_not_operator(uid):
+        alt = (f"or preempt it yourself (gpucr-hpc preempt {jobid}: checkpointed, requeued, restored)"
+               if verb == "suspend" else "")
+        raise GpucrError(f"only Slurm operators and administrators may {verb} a job, and uid {uid} is neither",
+                         f"ask one to run `gpucr-hpc {verb} {jobid}` {alt}".strip())
+
+
+OPERATOR_FIX = ("only Slurm operators and administrators may suspend or resume a job: "
+                "ask one to run `gpucr-hpc {verb} {jobid}`")
+
+
 def suspend(jobid: str) -> None:
-    run("scontrol", "suspend", str(jobid))
+    run("scontrol", "suspend", str(jobid), fix=OPERATOR_FIX.format(verb="suspend", jobid=jobid))
 
 
 def resume(jobid: str) -> None:
-    run("scontrol", "resume", str(jobid))
+    run("scontrol", "resume", str(jobid), fix=OPERATOR_FIX.format(verb="resume", jobid=jobid))

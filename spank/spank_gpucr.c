@@ -7,7 +7,9 @@
  *   - GPUCR_* tell the shim and the agent the job, step, rank, run dir,
  *     image root and site settings;
  *   - the per-job run dir <rundir>/<jobid> on the node exists (job user,
- *     0700) and tasks/<step>.<localid> records each task's pid.
+ *     0700) and tasks/<step>.<localid> records each task's pid;
+ *   - the job's image dir <imageroot>/<jobid> exists, the job user's alone
+ *     (0700), or the task fails (imagedir.c).
  * The run dir is removed by the job epilog unless it holds PERSISTING.
  *
  * Failure rule: a job that did not ask for --gpucr never sees an error from
@@ -30,6 +32,7 @@
 
 #include <slurm/spank.h>
 
+#include "imagedir.h"
 #include "option.h"
 #include "restart.h"
 #include "rundir.h"
@@ -112,8 +115,14 @@ static void setup_step(spank_t sp)
 		     site.shim, step.nodename);
 		return;
 	}
-	if (gpucr_rundir_create(step.rundir, step.uid, step.gid, err, sizeof(err)) != 0)
+	if (gpucr_rundir_create(step.rundir, step.uid, step.gid, err, sizeof(err)) != 0) {
 		fail("run dir: %s", err);
+		return;
+	}
+	/* As root, before any task of the job runs: the job's image dir is its user's alone. */
+	if (gpucr_imagedir_create(site.imageroot, step.jobid, step.uid, step.gid,
+				  err, sizeof(err)) != 0)
+		fail("image dir: %s", err);
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)

@@ -66,3 +66,48 @@ def test_job_that_cannot_be_requeued_is_not_checkpointed(site, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines == ["gpucr: job 42 was submitted with --no-requeue: not checkpointing it before preemption; "
                      "submit it without --no-requeue to have it checkpointed, requeued and restored"]
+
+
+SUPERVISED = """
+import signal, subprocess, sys
+from gpucr_hpc import batch_supervisor
+waited = batch_supervisor.FORWARDED | {signal.SIGCHLD}
+signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+script = subprocess.Popen(
+    [sys.executable, "-c", "import signal, time\\n"
+     "signal.signal(signal.SIGUSR1, lambda s, f: print('USR1', flush=True))\\n"
+     "while True: time.sleep(1)"],
+    preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, waited))
+print(script.pid, flush=True)
+sys.exit(batch_supervisor.supervise(script, script.pid, "42", None, 0, waited) == -signal.SIGTERM)
+"""
+
+
+def test_supervisor_survives_stops_longer_than_its_wait(tmp_path):
+    """Slurm's suspend stops the supervisor; after a resume it forwarded a garbage
+    signal number (EINVAL) and died, ending the job. It must forward each real signal
+    once, and nothing else."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sup = subprocess.Popen([sys.executable, "-c", SUPERVISED], stdout=subprocess.PIPE, text=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = int(sup.stdout.readline())
+    time.sleep(0.5)  # the script's handler is set
+    os.kill(sup.pid, signal.SIGUSR1)
+    time.sleep(0.5)
+    for _ in range(5):
+        os.kill(sup.pid, signal.SIGSTOP)
+        time.sleep(1.3)
+        os.kill(sup.pid, signal.SIGCONT)
+        time.sleep(0.3)
+    alive = sup.poll() is None
+    os.kill(sup.pid, signal.SIGUSR1)
+    time.sleep(0.5)
+    os.kill(script, signal.SIGTERM)
+    out, _ = sup.communicate(timeout=30)
+    assert alive, out
+    assert out.split() == ["USR1", "USR1"], out
+    assert sup.returncode == 1, "the supervisor did not return the script's status"

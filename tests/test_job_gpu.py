@@ -313,3 +313,41 @@ def test_gpu_job_preempted_by_urgent_job(slurm_cluster, workdir, reference):
     assert figures["vram_min_mib_while_requeued"] is not None
     assert figures["vram_min_mib_while_requeued"] <= idle + 64, figures["vram_min_mib_while_requeued"]
     assert "urgent done" in (workdir / "urgent.out").read_text()
+
+
+def test_gpu_job_through_three_preemptions_bit_identical(slurm_cluster, workdir, reference):
+    """A restored GPU job is a job like any other: checkpointed in place, preempted and
+    restored again, three times; every step once and the output bit-identical."""
+    jobid, train_out, job_out = submit(slurm_cluster, workdir)
+    figures: dict = {"job": jobid, "cycles": []}
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+        wait_for(lambda: steps(train_out) >= AT, timeout=180, what=f"step {AT}")
+        for cycle in range(1, 4):
+            at = steps(train_out)
+            t0 = time.monotonic()
+            pre = json.loads(gpucr(slurm_cluster, "preempt", jobid, "--json").stdout)
+            row = {"cycle": cycle, "at_step": at, "preempt_cli_s": round(time.monotonic() - t0, 2),
+                   **preempt_figures(pre)}
+            wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(cycle)
+                     and slurm_cluster.job(jobid).get("JobState") == "RUNNING",
+                     timeout=180, what=f"restart {cycle}", detail=lambda: restore_log(slurm_cluster, jobid))
+            wait_for(lambda: steps(train_out) > at + 5, timeout=180, what=f"training after restore {cycle}",
+                     detail=lambda: restore_log(slurm_cluster, jobid))
+            row["training_again_after_s"] = round(time.monotonic() - t0, 2)
+            t1 = time.monotonic()
+            ck = gpucr(slurm_cluster, "checkpoint", jobid, "--json", check=False)
+            assert ck.returncode == 0, (cycle, ck.stderr)
+            row["checkpoint_in_place_cli_s"] = round(time.monotonic() - t1, 2)
+            figures["cycles"].append(row)
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    finally:
+        figures["restore_log"] = restore_log(slurm_cluster, jobid).splitlines()[-12:]
+        record("three_preemptions", figures, reference)
+    got = lines(train_out)
+    figures["bit_identical"] = got == reference["lines"]
+    record("three_preemptions", figures, reference)
+    text = job_out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "3", (text, info)
+    assert text.count("start restart=0") == 1 and text.count("after python rc=0") == 1, text
+    assert figures["bit_identical"], "the output differs from the uninterrupted run"

@@ -124,7 +124,7 @@ def spank(slurm_cluster, tmp_path_factory):
     for d in (root, root / "lib"):
         d.chmod(0o755)
     (root / "out").chmod(0o1777)
-    (root / "images").chmod(0o1777)  # as a site's image root: users create their job dirs
+    (root / "images").chmod(0o1777)  # as sites had it; the plugin makes each job dir (imagedir.c)
     s = Spank(slurm_cluster, root)
     shutil.copy(REPO / "spank" / "spank_gpucr.so", s.plugin)
     src = tmp_path_factory.mktemp("shim") / "shim.c"
