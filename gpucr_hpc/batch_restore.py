@@ -15,6 +15,10 @@ script (the original script's path is in GPUCR_BATCH_SCRIPT).
 
 If no checkpoint can be restored, the job is requeued and held with the
 reason, and the image is left as it was (never deleted, never modified).
+
+The job's lock (job_lock.py) is held from step 1 until every rank is back:
+a checkpoint taken meanwhile would find ranks missing and commit a
+generation without them.
 """
 
 from __future__ import annotations
@@ -25,15 +29,19 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
-from gpucr_hpc import image_store, job_dirs, job_images, migrate, slurm
+from gpucr_hpc import image_store, job_dirs, job_images, job_lock, migrate, slurm
 from gpucr_hpc import manifest as mf
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
 
 LOG_NAME = "restore.log"
+RANKS_BACK = "ranks-back"  # one file per rank restored by the running restore step
+LOCK_WAIT_S = 60.0  # a command that holds the job's lock as its next run starts
+RANKS_POLL_S = 0.2
 # gpucr's own lines in the job's output, kept to be written again after a restore
 # rewinds the output to a checkpoint that came before them.
 SAID_NAME = "output-lines.jsonl"
@@ -205,11 +213,29 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     return rep
 
 
-def restore_rank_step(gen: Path, m: dict, jobid: str) -> int | None:
-    """The srun step that was running: restored as a new step of the same layout."""
+def rank_back(job_dir: Path, procid: int) -> None:
+    """Said by a rank's restore task once its rank runs again."""
+    (Path(job_dir) / RANKS_BACK / str(procid)).touch()
+
+
+def _ranks_back(job_dir: Path) -> int:
+    try:
+        return len(os.listdir(Path(job_dir) / RANKS_BACK))
+    except OSError:
+        return 0
+
+
+def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = None) -> int | None:
+    """The srun step that was running: restored as a new step of the same layout.
+    `lock` (the job's) is let go once every rank is back, or the step has ended."""
     ranks = [u for u in m["units"].values() if u["name"].startswith("rank-")]
+    lock = lock or ExitStack()
     if not ranks:
+        lock.close()
         return None
+    back_dir = gen.parent / RANKS_BACK
+    shutil.rmtree(back_dir, ignore_errors=True)  # an earlier restore's
+    back_dir.mkdir(mode=0o700)
     nodes = sorted({u["node"] for u in ranks})
     argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(ranks)}", "--gpucr=off",
             "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
@@ -219,7 +245,11 @@ def restore_rank_step(gen: Path, m: dict, jobid: str) -> int | None:
            if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE"))}
     # The real srun: the wrapper is first in PATH in the batch step.
     env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p != load_site().bindir)
-    return subprocess.run(argv, env=env, stdin=subprocess.DEVNULL).returncode
+    step = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    while step.poll() is None and _ranks_back(gen.parent) < len(ranks):
+        time.sleep(RANKS_POLL_S)
+    lock.close()
+    return step.wait()
 
 
 def hand_status(m: dict, rc: int) -> None:
@@ -248,7 +278,7 @@ def hold_comment(jobid: str, summary: str, then: str) -> str:
     return f"gpucr: cannot restore job {jobid}: {summary}; why: gpucr-hpc status {jobid}; then: {then}"
 
 
-def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
+def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, dict | None]:
     """Steps 1 and 2: returns the job manifest, its generation and the report
     of the script tree's restore ("pid": the restored script, "_launcher": the
     process whose exit status is the script's), or None for a job that had no
@@ -263,6 +293,12 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
                       f"gpucr-hpc restore {jobid}") from e
     open_log(job_dir)
     from_older = f"gpucr-hpc restore {jobid} --from N"
+    try:
+        lock.enter_context(job_lock.held(job_dir, jobid, os.geteuid(), f"the restore of job {jobid}",
+                                         wait_s=LOCK_WAIT_S))
+    except GpucrError as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      "another command held the job", f"gpucr-hpc restore {jobid}") from e
     try:
         gen = job_images.restore_target(job_dir)
         m = check_generation(gen, jobid)
@@ -298,11 +334,12 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     return m, gen, batch
 
 
-def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | None) -> int | None:
+def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | None,
+                  lock: ExitStack | None = None) -> int | None:
     """Step 3: the srun step's ranks; their status goes to the restored srun
     wrapper. Returns the step's exit status (None: there was no step)."""
     try:
-        rc = restore_rank_step(gen, m, jobid)
+        rc = restore_rank_step(gen, m, jobid, lock)
     except GpucrError as e:
         if launcher is not None:
             launcher.kill()

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+from contextlib import ExitStack
 
 from gpucr_hpc import batch_restore, job_cr, job_images, slurm
 from gpucr_hpc.errors import GpucrError
@@ -192,13 +193,14 @@ def main() -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     batch_restore.open_log(site.job_image_dir(jobid))
     if restoring:
+        lock = ExitStack()  # the job's, until every rank is back (batch_restore)
         try:
-            m, gen, batch = batch_restore.restore_batch_tree(jobid, site)
+            m, gen, batch = batch_restore.restore_batch_tree(jobid, site, lock)
         except batch_restore.RestoreFailed:
             return 1
         child = batch["_launcher"] if batch else None
         step_rc: list[int | None] = []
-        ranks = threading.Thread(target=_restore_ranks, args=(jobid, m, gen, child, step_rc),
+        ranks = threading.Thread(target=_restore_ranks, args=(jobid, m, gen, child, step_rc, lock),
                                  daemon=True)
         ranks.start()
         if child is None:  # no batch tree: the job's status is the step's
@@ -215,12 +217,14 @@ def main() -> int:
     return exit_like(status)
 
 
-def _restore_ranks(jobid, m, gen, child, step_rc: list) -> None:
+def _restore_ranks(jobid, m, gen, child, step_rc: list, lock) -> None:
     """In a thread: the ranks run as long as the job, and signals must still be answered."""
     try:
-        step_rc.append(batch_restore.restore_ranks(jobid, m, gen, child))
+        step_rc.append(batch_restore.restore_ranks(jobid, m, gen, child, lock))
     except batch_restore.RestoreFailed:
         step_rc.append(1)
+    finally:
+        lock.close()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gpucr_hpc import manifest as mf
 from gpucr_hpc import slurm
-from gpucr_hpc.batch_restore import give_up, log, open_log, restore_unit
+from gpucr_hpc.batch_restore import give_up, log, open_log, rank_back, restore_unit
 from gpucr_hpc.batch_restore import say as kept_say
 from gpucr_hpc.criu import end_tree
 from gpucr_hpc.errors import GpucrError
@@ -135,6 +135,7 @@ def main(argv=None) -> int:
         end_tree(rep["pid"], rep["_launcher"])
         say(f"gpucr: rank {procid} ended after its restore: {stale}")
         return 1
+    rank_back(gen.parent, procid)  # the batch step lets go of the job's lock once all are
     return rep["_launcher"].wait()
 
 

@@ -213,3 +213,28 @@ def test_restored_job_whose_supervisor_dies_leaves_nothing_running(slurm_cluster
         assert [len(numbers(p)) for p in logs] == counts, "a rank still writes"
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_checkpoint_while_the_ranks_are_restored_waits_for_all_of_them(slurm_cluster, workdir):
+    """Right after a requeued job starts, its script's tree is back before its ranks
+    are: a checkpoint then must not commit a generation without them. Checkpoints
+    are tried from the moment the job runs again; the first to commit has every unit."""
+    jobid, logs, out = two_node_job(slurm_cluster, workdir, 100000)
+    try:
+        gpucr(slurm_cluster, "preempt", jobid)
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1"
+                 and slurm_cluster.job(jobid).get("JobState") == "RUNNING",
+                 timeout=120, what="the restart", detail=detail(slurm_cluster, jobid, out))
+        tries = []
+        while True:
+            r = gpucr(slurm_cluster, "checkpoint", jobid, "--json", check=False)
+            tries.append(r.stderr.strip())
+            if r.returncode == 0:
+                break
+            assert len(tries) < 120, tries[-3:]
+            time.sleep(0.2)
+        import json
+        assert sorted(json.loads(r.stdout)["units"]) == [
+            "batch", "rank-0.0", "rank-0.1", "rank-0.2", "rank-0.3"], (r.stdout, tries)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
