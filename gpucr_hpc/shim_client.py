@@ -122,12 +122,14 @@ def control_socket(pid: int, run_dir: Path | None = None) -> Path | None:
         table = Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]
     except OSError:
         return None
+    found = []
     for row in table:  # Num RefCount Protocol Flags Type St Inode Path (the path may hold spaces)
         f = row.split(None, 7)
-        if len(f) >= 8 and int(f[6]) in inodes and f[7].endswith("/" + name):
-            path = Path(f[7])
-            return path if path.is_socket() else None
-    return None
+        if len(f) >= 8 and int(f[6]) in inodes and f[7].endswith("/" + name) and Path(f[7]).is_socket():
+            found.append(Path(f[7]))
+    # A process may serve more than one (a run dir given with --run-dir): that one first.
+    wanted = [p for p in found if run_dir is not None and p.parent == Path(run_dir)]
+    return (wanted or found or [None])[0]
 
 
 def uses_shim(pid: int) -> bool:
