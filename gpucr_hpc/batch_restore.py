@@ -123,8 +123,9 @@ def remove_created(paths: list[Path]) -> None:
 def restore_unit(gen: Path, unit: dict, site, jobid: str,
                  inherit: dict[int, str] | None = None) -> dict:
     """Restore one unit in a new PID namespace and record it in this node's registry."""
-    # The shim's control socket is bound under the run dir of the node it ran on.
-    old_run_dir = site.job_run_dir(jobid, unit["node"])
+    # The shim's control socket is bound under the run dir of the node it ran on
+    # (of the job id it ran as: a resubmitted job has a new one).
+    old_run_dir = site.job_run_dir(mf.load(gen)["job"]["id"], unit["node"])
     try:
         old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
@@ -189,7 +190,8 @@ def restore_batch_tree(jobid: str, site) -> tuple[dict, Path, dict | None]:
     job_dir = site.job_image_dir(jobid)
     open_log(job_dir)
     try:
-        gen = job_images.restore_target(job_dir)
+        gen = job_images.start_target(job_dir, os.environ.get("GPUCR_SUBMISSION"),
+                                      os.environ.get("GPUCR_RESTORE_FROM"))
         m = check_generation(gen, jobid)
     except GpucrError as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}") from e

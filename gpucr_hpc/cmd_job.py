@@ -59,6 +59,9 @@ def restore_job(jobid: str, gen: int | None, as_json: bool) -> None:
     result = job_cr.restore(jobid, gen)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
+    elif result.get("resubmitted_as"):
+        click.echo(f"job {jobid} is no longer known to Slurm: submitted again as job "
+                   f"{result['resubmitted_as']}, which restores {result['generation']} when it starts")
     else:
         what = "requeued" if result["requeued"] else "will restore when it starts"
         click.echo(f"job {jobid}: restoring from {result['generation']}; {what}")
@@ -95,6 +98,7 @@ def job_rows(jobid: str | None = None) -> list[dict]:
     rows = []
     for job_dir in dirs:
         latest = job_images.read_pointer(job_dir, job_images.LATEST)
+        current = job_images.current_submission(job_dir)
         for n, path, committed in job_images.generations(job_dir):
             row = {"job": job_dir.name, "generation": path.name, "committed": committed,
                    "latest": path == latest, "path": str(path)}
@@ -102,7 +106,10 @@ def job_rows(jobid: str | None = None) -> list[dict]:
                 try:
                     m = mf.load(path)
                     row.update(bytes=m.get("total_bytes", 0), nodes=m.get("nodes", []),
-                               units=sorted(m.get("units", {})), created=m.get("created"))
+                               units=sorted(m.get("units", {})), created=m.get("created"),
+                               submission=m.get("submission"),
+                               # an earlier job that had this id: kept, never restored for this one
+                               other_submission=m.get("submission") != current)
                 except GpucrError as e:
                     row.update(error=e.one_line())
             rows.append(row)
@@ -116,6 +123,8 @@ def _readable(job_dir: Path) -> bool:
 def generation_state(r: dict) -> str:
     if r.get("error"):
         return "damaged"
+    if r.get("other_submission"):
+        return "committed (other submission)"
     return ("committed" if r["committed"] else "incomplete") + (" (latest)" if r.get("latest") else "")
 
 

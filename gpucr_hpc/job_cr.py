@@ -185,15 +185,46 @@ def restore(jobid: str, gen: int | None = None) -> dict:
     """
     site = load_site()
     require_plugin(site)
-    job = _job_for_action(jobid)
+    try:
+        job = _job_for_action(jobid)
+    except slurm.JobUnknown:
+        return resubmit(jobid, gen)
     if job.running:
         raise GpucrError(f"job {jobid} is running", "preempt it instead (gpucr-hpc preempt JOBID)")
     job_dir = site.job_image_dir(job.id)
     target = job_images.restore_target(job_dir, gen)
     mf.load(target)  # committed and intact manifest, or a one-line error
-    mf.write_atomic(job_dir / job_images.RESTORE, f"{target.name}\n".encode(), mode=0o644)
+    job_images.write_pointer(job_dir, job_images.RESTORE, target, job_images.generation_submission(target))
     if job.state == "PENDING":
         if "held" in job.raw.get("Reason", "").lower():
             slurm.release(jobid)  # held by a failed restore: try again with this generation
         return {"job": job.id, "generation": target.name, "requeued": False}
     return {"job": job.id, "generation": target.name, "requeued": True, **_requeue(job)}
+
+
+def resubmit(jobid: str, gen: int | None = None) -> dict:
+    """A job Slurm no longer knows (slurmctld lost it), submitted again from its
+    committed generation: as its user, with its output files, node count and
+    partition, and GPUCR_RESTORE_FROM naming the generation, which the new job
+    (a new id) restores when it starts (job_images.start_target)."""
+    job_dir = load_site().job_image_dir(jobid)
+    target = job_images.restore_target(job_dir, gen)
+    m = mf.load(target)
+    job = m.get("job") or {}
+    if os.geteuid() not in (0, m.get("owner_uid")):
+        raise GpucrError(f"the checkpoints of job {jobid} belong to uid {m.get('owner_uid')}, "
+                         f"you are uid {os.geteuid()}", "only the job's owner or root can bring it back")
+    if not (target / "script").exists():
+        raise GpucrError(f"job {jobid} is not known to Slurm and {target.name} holds no copy of its "
+                         "batch script (checkpointed by an older gpucr-hpc)",
+                         f"submit the same script again with sbatch --gpucr=on -N {len(m.get('nodes', []))} "
+                         f"-o {job.get('std_out')} --export=ALL,GPUCR_RESTORE_FROM={target}")
+    argv = ["sbatch", "--parsable", "--gpucr=on", f"--nodes={len(m.get('nodes') or [1])}",
+            f"--output={job['std_out']}", f"--error={job.get('std_err') or job['std_out']}",
+            f"--export=ALL,GPUCR_RESTORE_FROM={target}"]
+    argv += [f"--partition={job['partition']}"] if job.get("partition") else []
+    if os.geteuid() == 0 and m.get("owner_uid") not in (None, 0):
+        argv += [f"--uid={m['owner_uid']}"]  # root brings a user's job back as that user
+    out = slurm.run(*argv, str(target / "script"))
+    new_id = out.stdout.strip().split(";")[0]
+    return {"job": jobid, "generation": target.name, "requeued": False, "resubmitted_as": new_id}
