@@ -125,11 +125,17 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     """Restore one unit in a new PID namespace and record it in this node's registry."""
     # The shim's control socket is bound under the run dir of the node it ran on
     # (of the job id it ran as: a resubmitted job has a new one).
-    old_run_dir = site.job_run_dir(mf.load(gen)["job"]["id"], unit["node"])
+    old_id = str(mf.load(gen)["job"]["id"])
+    old_run_dir = site.job_run_dir(old_id, unit["node"])
     try:
         old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
     except OSError as e:
+        if old_id != str(jobid):
+            raise GpucrError(f"cannot recreate {e.filename} of job {old_id}, which job {jobid} "
+                             f"was submitted again from: {e.strerror}",
+                             f"as root on {unit['node']}: mkdir -p -m 0700 {e.filename} and chown it "
+                             f"to the job's user, then gpucr-hpc restore {jobid}") from e
         # Only where node paths differ by node name (several slurmd on one machine, %n):
         # an ordinary user cannot create another node's run or spool dir.
         raise GpucrError(f"cannot recreate {e.filename} of node {unit['node']}: {e.strerror}",
