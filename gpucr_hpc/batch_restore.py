@@ -135,7 +135,7 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
             raise GpucrError(f"cannot recreate {e.filename} of job {old_id}, which job {jobid} "
                              f"was submitted again from: {e.strerror}",
                              f"as root on {unit['node']}: mkdir -p -m 0700 {e.filename} and chown it "
-                             f"to the job's user, then gpucr-hpc restore {jobid}") from e
+                             f"to the job's user, then scontrol release {jobid}") from e
         # Only where node paths differ by node name (several slurmd on one machine, %n):
         # an ordinary user cannot create another node's run or spool dir.
         raise GpucrError(f"cannot recreate {e.filename} of node {unit['node']}: {e.strerror}",
