@@ -201,7 +201,8 @@ def job_status(jobid: str) -> dict:
     elif not out["generations"]:
         raise unknown
     else:
-        out.update(state="UNKNOWN to Slurm", note=unknown.cause)
+        out.update(state="UNKNOWN to Slurm", note=f"{unknown.cause}; `gpucr-hpc restore {jobid}` "
+                                                      "submits it again from its newest checkpoint")
     latest = next((g for g in out["generations"] if g.get("latest")), None)
     out["latest"] = latest["generation"] if latest else None
     log = site.job_image_dir(jobid) / "restore.log"

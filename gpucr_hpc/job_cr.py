@@ -208,7 +208,7 @@ def resubmit(jobid: str, gen: int | None = None) -> dict:
     partition, and GPUCR_RESTORE_FROM naming the generation, which the new job
     (a new id) restores when it starts (job_images.start_target)."""
     job_dir = load_site().job_image_dir(jobid)
-    target = job_images.restore_target(job_dir, gen)
+    target = job_images.any_committed(job_dir, gen)
     m = mf.load(target)
     job = m.get("job") or {}
     if os.geteuid() not in (0, m.get("owner_uid")):

@@ -218,6 +218,17 @@ def start_target(job_dir: Path, submission: str | None, restore_from: str | None
                      "the job starts from the top when it runs again")
 
 
+def any_committed(job_dir: Path, gen: int | None = None) -> Path:
+    """A committed generation of any submission: `gen`, else the newest. For a job
+    Slurm forgot, which no longer has a "current" submission to go by."""
+    committed = [p for _, p, c in generations(job_dir) if c]
+    path = Path(job_dir) / gen_name(gen) if gen is not None else (committed[-1] if committed else None)
+    if path is None or path not in committed:
+        raise GpucrError(f"no committed checkpoint {path.name if path else ''} under {job_dir}".replace("  ", " "),
+                         f"pick one of: {', '.join(p.name for p in committed) or 'none'}")
+    return path
+
+
 def submission_parts(submission: str | None) -> tuple[str, str]:
     """(cluster, uid) of "<cluster>:<uid>:<token>"."""
     cluster, _, rest = (submission or "").partition(":")
