@@ -219,7 +219,9 @@ def resubmit(jobid: str, gen: int | None = None) -> dict:
                          "batch script (checkpointed by an older gpucr-hpc)",
                          f"submit the same script again with sbatch --gpucr=on -N {len(m.get('nodes', []))} "
                          f"-o {job.get('std_out')} --export=ALL,GPUCR_RESTORE_FROM={target}")
+    ranks = sum(1 for name in m.get("units", {}) if name.startswith("rank-"))
     argv = ["sbatch", "--parsable", "--gpucr=on", f"--nodes={len(m.get('nodes') or [1])}",
+            f"--ntasks={max(ranks, 1)}",  # room for the restored step's ranks
             f"--output={job['std_out']}", f"--error={job.get('std_err') or job['std_out']}",
             f"--export=ALL,GPUCR_RESTORE_FROM={target}"]
     argv += [f"--partition={job['partition']}"] if job.get("partition") else []

@@ -169,3 +169,30 @@ def test_job_slurm_forgot_is_brought_back_by_restore(slurm_cluster, workdir):
     assert info["JobState"] == "COMPLETED", (text, info, slurm_cluster.restore_log(new_id))
     assert text.count("start restart=0") == 1 and text.count("after python") == 1, text
     assert_counted_once(log, steps)
+
+
+def test_two_node_job_slurm_forgot_is_brought_back_with_its_ranks(slurm_cluster, workdir):
+    """The same with 4 ranks under srun on 2 nodes: the new job restores the script
+    and the step's ranks; every rank counts once and the script goes on after srun once."""
+    from test_job_cr import four_ranks_script
+
+    steps = 150
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(four_ranks_script(workdir, steps), "--gpucr=on", "-N2",
+                                 "--ntasks-per-node=2", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    ranks = [workdir / f"rank-{r}.txt" for r in range(4)]
+    wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), what="all ranks to count")
+    gpucr(slurm_cluster, "checkpoint", jobid)
+    slurm_cluster.run("scancel", jobid)
+    slurm_cluster.wait_state(jobid, {"CANCELLED"})
+    wait_for(lambda: not any(_counting(p) for p in ranks), what="the ranks to stop")
+
+    forget_all_jobs(slurm_cluster)
+    new_id = json.loads(gpucr(slurm_cluster, "restore", jobid, "--json").stdout)["resubmitted_as"]
+    info = slurm_cluster.wait_state(new_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED", (text, info, slurm_cluster.restore_log(new_id))
+    for p in ranks:
+        assert_counted_once(p, steps)
+    assert text.count("start restart=") == 1 and text.count("after srun rc=0") == 1, text
