@@ -167,8 +167,9 @@ def _refuse_for_job(**given) -> None:
 def restore(jobid, pid, source, run_dir, as_json, pidns, rewind_files, gpus):
     """Restore a Slurm job that is not running from its checkpoint (JOBID; --from N
     picks a generation; a job Slurm no longer knows is submitted again as its
-    user, with a new id, and restored from it), a process checkpointed in place (--pid PID; it continues
-    where it stopped), or a whole-process image (--from DIR; --gpu picks the GPUs)."""
+    user, with a new id, and restored from it), a process checkpointed in place
+    (--pid PID; it continues where it stopped), or a whole-process image
+    (--from DIR; --gpu picks the GPUs)."""
     if gpus is not None and (jobid is not None or not source):
         raise GpucrError("--gpu applies to restore --from DIR only (a job goes onto the GPUs Slurm "
                          "gives it, a process checkpointed in place stays on its own)", "drop --gpu")

@@ -210,7 +210,8 @@ def start_target(job_dir: Path, submission: str | None, restore_from: str | None
     job_dir = Path(job_dir)
     for name in (RESTORE, LATEST):
         path = read_pointer(job_dir, name)
-        if submission and path and pointer_submission(job_dir, name) == submission:
+        if (submission and path and pointer_submission(job_dir, name) == submission
+                and (path / mf.COMMITTED).exists()):
             return restore_target(job_dir, int(path.name[4:]), submission)
     if restore_from:
         return resubmission_source(Path(restore_from), submission)
