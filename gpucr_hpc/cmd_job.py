@@ -55,13 +55,13 @@ def parse_generation(value: str | None) -> int | None:
     return int(text)
 
 
-def restore_job(jobid: str, gen: int | None, as_json: bool) -> None:
-    result = job_cr.restore(jobid, gen)
+def restore_job(jobid: str, gen: int | None, as_json: bool, resubmit: bool = False) -> None:
+    result = job_cr.resubmit(jobid, gen) if resubmit else job_cr.restore(jobid, gen)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     elif result.get("resubmitted_as"):
-        click.echo(f"job {jobid} is no longer known to Slurm: submitted again as job "
-                   f"{result['resubmitted_as']}, which restores {result['generation']} when it starts")
+        click.echo(f"job {jobid} submitted again as job {result['resubmitted_as']}, "
+                   f"which restores {result['generation']} when it starts")
     else:
         what = "requeued" if result["requeued"] else "will restore when it starts"
         click.echo(f"job {jobid}: restoring from {result['generation']}; {what}")

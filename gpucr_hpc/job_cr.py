@@ -203,11 +203,14 @@ def restore(jobid: str, gen: int | None = None) -> dict:
 
 
 def resubmit(jobid: str, gen: int | None = None) -> dict:
-    """A job Slurm no longer knows (slurmctld lost it), submitted again from its
+    """A job Slurm no longer knows (slurmctld lost it, or gave its id to another
+    job: `restore JOBID --from N --resubmit`), submitted again from its
     committed generation: as its user, with its output files, node count and
     partition, and GPUCR_RESTORE_FROM naming the generation, which the new job
     (a new id) restores when it starts (job_images.start_target)."""
-    job_dir = load_site().job_image_dir(jobid)
+    site = load_site()
+    require_plugin(site)
+    job_dir = site.job_image_dir(jobid)
     target = job_images.any_committed(job_dir, gen)
     m = mf.load(target)
     job = m.get("job") or {}

@@ -199,8 +199,8 @@ def restore_target(job_dir: Path, gen: int | None = None, submission: str | None
     if generation_submission(path) != submission:
         raise GpucrError(f"{path.name} belongs to another submission of job id {job_dir.name} "
                          "(Slurm gave the id out again), not to this job",
-                         f"pick one of this job's: {mine}; to bring the other job back, see "
-                         "`gpucr-hpc restore --help` (a job Slurm forgot)")
+                         f"pick one of this job's: {mine}; or bring the earlier job back as a new one: "
+                         f"gpucr-hpc restore {job_dir.name} --from {path.name[4:]} --resubmit")
     return path
 
 

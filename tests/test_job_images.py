@@ -49,7 +49,7 @@ def test_a_start_restores_only_its_own_submission(reused):
 def test_restore_from_another_submissions_generation_is_refused(reused):
     with pytest.raises(GpucrError) as e:
         ji.restore_target(reused, 3)
-    assert "another submission" in e.value.cause
+    assert "another submission" in e.value.cause and "--from 3 --resubmit" in e.value.fix
     assert ji.restore_target(reused).name == "gen-4"
 
 

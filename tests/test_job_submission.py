@@ -76,12 +76,13 @@ def test_new_job_with_an_old_jobs_id_is_never_restored_from_its_images(slurm_clu
     jobid = slurm_cluster.sbatch(script_a, "--gpucr=on", "-o", out)
     slurm_cluster.wait_state(jobid, "RUNNING")
     wait_for(lambda: len(numbers(log_a)) > 10, what="job A to count")
-    gpucr(slurm_cluster, "checkpoint", jobid)
+    # The id may have been used before in this cluster: A's generation need not be gen-1.
+    gen_a = json.loads(gpucr(slurm_cluster, "checkpoint", jobid, "--json").stdout)["generation"]
     slurm_cluster.run("scancel", jobid)
     slurm_cluster.wait_state(jobid, {"CANCELLED", "COMPLETED", "FAILED"})
     wait_for(lambda: not _counting(log_a), what="job A's counter to stop")
     a_counted = numbers(log_a)
-    gen_1 = slurm_cluster.state / "images" / jobid / "gen-1"
+    gen_1 = slurm_cluster.state / "images" / jobid / gen_a
     assert (gen_1 / "COMMITTED").exists()
 
     forget_all_jobs(slurm_cluster)
@@ -101,9 +102,24 @@ def test_new_job_with_an_old_jobs_id_is_never_restored_from_its_images(slurm_clu
 
     assert (gen_1 / "COMMITTED").exists(), "job A's generation was removed"
     rows = json.loads(gpucr(slurm_cluster, "ls", jobid, "--json").stdout)
-    assert [(r["generation"], r["other_submission"]) for r in rows] == [("gen-1", True)], rows
+    assert [r["other_submission"] for r in rows if r["generation"] == gen_a] == [True], rows
     table = gpucr(slurm_cluster, "ls", jobid).stdout  # the cell may wrap at a narrow terminal
     assert "(other" in table and "submission)" in table, table
+
+    # Job B may not take A's generation; A comes back as a job of its own.
+    n_a = gen_a[4:]
+    r = gpucr(slurm_cluster, "restore", jobid, "--from", n_a, check=False)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"gpucr-hpc restore {jobid} --from {n_a} --resubmit" in r.stderr
+    r = gpucr(slurm_cluster, "restore", jobid, "--from", n_a, "--resubmit", "--json")
+    again = json.loads(r.stdout)["resubmitted_as"]
+    slurm_cluster.wait_state(again, "RUNNING")
+    n = len(a_counted)
+    wait_for(lambda: len(numbers(log_a)) > n + 10, what="job A to count on under its new id",
+             detail=lambda: slurm_cluster.restore_log(again))
+    got = numbers(log_a)
+    assert got == list(range(len(got))), "job A repeated or skipped values"
+    slurm_cluster.run("scancel", again)
 
 
 def _counting(log: Path) -> bool:
