@@ -154,6 +154,12 @@ def submission_of(run_dir: Path) -> str | None:
         return None
 
 
+def job_submission(job: dict, reports: list[dict]) -> str | None:
+    """The batch host's record first: its batch step wrote it at this run's start."""
+    ordered = sorted(reports, key=lambda r: r["node"] != job.get("batch_host"))
+    return next((r["submission"] for r in ordered if r.get("submission")), None)
+
+
 def job_manifest(job: dict, gen_dir: Path, reports: list[dict]) -> dict:
     m = mf.new_manifest(kind="job", vendor=None, gpu=None)
     units = [u for r in reports for u in r["units"]]
@@ -163,7 +169,7 @@ def job_manifest(job: dict, gen_dir: Path, reports: list[dict]) -> dict:
         "generation": gen_dir.name,
         "owner_uid": job["uid"],
         # which submission of the job id this generation belongs to (job_images.py)
-        "submission": next((r["submission"] for r in reports if r.get("submission")), None),
+        "submission": job_submission(job, reports),
         "units": {u["name"]: {k: v for k, v in u.items() if k != "timings"} for u in units},
         "nodes": [r["node"] for r in reports],
         "prepare_s": max(r["prepare_s"] for r in reports),

@@ -211,8 +211,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		task_fail("task registry: %s", err);
 	if (gpucr_submission_id(sp, step.uid, step.submission, sizeof(step.submission)) == 0 &&
 	    (gpucr_setenv(sp, "GPUCR_SUBMISSION", step.submission) != 0 ||
-	     gpucr_submission_record(step.rundir, step.submission, step.uid, step.gid,
-				     err, sizeof(err)) != 0))
+	     gpucr_submission_record(step.rundir, step.submission, !strcmp(step.name, "batch"),
+				     step.uid, step.gid, err, sizeof(err)) != 0))
 		task_fail("submission: %s", err[0] ? err : "cannot set GPUCR_SUBMISSION");
 	gpucr_warn_signal_forget(sp);
 	if (gpucr_batch_task_init(sp, &site, &step, err, sizeof(err)) != 0)

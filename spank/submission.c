@@ -50,13 +50,15 @@ int gpucr_submission_id(spank_t sp, uid_t uid, char *out, size_t outlen)
 	return 0;
 }
 
-int gpucr_submission_record(const char *rundir, const char *id,
+int gpucr_submission_record(const char *rundir, const char *id, int replace,
 			    uid_t uid, gid_t gid, char *err, size_t errlen)
 {
 	char tmp[4200], path[4200], text[512];
 	int fd, len;
 
 	snprintf(path, sizeof(path), "%s/%s", rundir, GPUCR_SUBMISSION_FILE);
+	if (!replace && access(path, F_OK) == 0)
+		return 0;
 	snprintf(tmp, sizeof(tmp), "%s/.%s.%ld", rundir, GPUCR_SUBMISSION_FILE, (long)getpid());
 	len = snprintf(text, sizeof(text), "%s\n", id);
 	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);

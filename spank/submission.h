@@ -26,8 +26,11 @@ int gpucr_submission_mark(spank_t sp, char *err, size_t errlen);
  * carries no token (submitted where the plugin did not run). */
 int gpucr_submission_id(spank_t sp, uid_t uid, char *out, size_t outlen);
 
-/* <rundir>/submission = id, written atomically by a task of the job. */
-int gpucr_submission_record(const char *rundir, const char *id,
+/* <rundir>/submission = id, written atomically by a task of the job: by the
+ * batch step's always (it starts every run of the job), by other steps' only
+ * where none is there yet (a step attached from outside, srun --jobid, may
+ * carry another token). */
+int gpucr_submission_record(const char *rundir, const char *id, int replace,
 			    uid_t uid, gid_t gid, char *err, size_t errlen);
 
 #endif
