@@ -46,7 +46,7 @@ if rd and os.path.isdir(rd):
     if os.path.exists(rec):
         info["record"] = dict(line.split("=", 1) for line in open(rec).read().split())
     sub = os.path.join(rd, "submission")
-    if os.path.exists(sub):
+    if info["tag"].startswith("sub") and os.path.exists(sub):  # srun splits lines over 1 KiB
         info["submission"] = open(sub).read().strip()
 print("PROBE " + json.dumps(info), flush=True)
 '''
@@ -284,8 +284,8 @@ def test_each_submission_has_its_own_token_in_every_step(spank):
     steps and the node's run dir (also with --export=NONE), another for the next job."""
     seen = []
     for export in ("--export=ALL", "--export=NONE"):
-        jobid, rc, out = spank.batch(f"/usr/bin/python3 {spank.probe} batch\n"
-                                     f"srun /usr/bin/python3 {spank.probe} step\n",
+        jobid, rc, out = spank.batch(f"/usr/bin/python3 {spank.probe} sub-batch\n"
+                                     f"srun /usr/bin/python3 {spank.probe} sub-step\n",
                                      "--gpucr=on", "-N1", export)
         assert rc == 0, out
         ps = probes(out)
