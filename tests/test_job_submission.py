@@ -42,26 +42,34 @@ def start_slurmctld(cluster) -> None:
              what="a node to be idle again")
 
 
-def forget_all_jobs(cluster) -> None:
+def forget_all_jobs(cluster, workdir: Path, first_id: int | None = None) -> None:
     """slurmctld restarted without its job records (the state disk was lost):
-    every job is forgotten and job ids start again from the first one."""
+    every job is forgotten and job ids are handed out again from FirstJobId,
+    `first_id`, or by default past every id used so far (later tests then
+    meet no image directory of an earlier job)."""
+    if first_id is None:
+        used = [int(p.name) for p in (cluster.state / "images").iterdir() if p.name.isdigit()]
+        first_id = max([next_job_id(cluster, workdir), *(n + 1 for n in used)])
     stop_slurmctld(cluster)
     for p in state_dir(cluster).iterdir():
         if p.name.startswith(("job_state", "hash.", "resv_state", "trigger_state")):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-    start_slurmctld(cluster)
+    conf = cluster.conf.read_text()
+    cluster.conf.write_text(conf + f"FirstJobId={first_id}\n")
+    try:
+        start_slurmctld(cluster)
+    finally:
+        # What the nodes read. (No `scontrol reconfigure` to match them: before its
+        # first state save, it would make this slurmctld forget its jobs again.)
+        cluster.conf.write_text(conf)
 
 
-def take_id(cluster, jobid: str, workdir: Path) -> None:
-    """Submit (held) throw-away jobs until the next job id is `jobid`."""
+def next_job_id(cluster, workdir: Path) -> int:
     dummy = workdir / "dummy.sh"
     dummy.write_text("#!/bin/bash\ntrue\n")
-    while True:
-        got = int(cluster.sbatch(dummy, "--hold", "-o", "/dev/null"))
-        cluster.run("scancel", str(got))
-        assert got < int(jobid), f"job id {jobid} was not handed out again (got {got})"
-        if got == int(jobid) - 1:
-            return
+    got = int(cluster.sbatch(dummy, "--hold", "-o", "/dev/null"))
+    cluster.run("scancel", str(got))
+    return got + 1
 
 
 def test_new_job_with_an_old_jobs_id_is_never_restored_from_its_images(slurm_cluster, workdir):
@@ -85,9 +93,7 @@ def test_new_job_with_an_old_jobs_id_is_never_restored_from_its_images(slurm_clu
     gen_1 = slurm_cluster.state / "images" / jobid / gen_a
     assert (gen_1 / "COMMITTED").exists()
 
-    forget_all_jobs(slurm_cluster)
-    if int(jobid) > 1:
-        take_id(slurm_cluster, jobid, workdir)
+    forget_all_jobs(slurm_cluster, workdir, first_id=int(jobid))
     script_b = counting_script(workdir, log_b, 100)
     assert slurm_cluster.sbatch(script_b, "--gpucr=on", "-o", out) == jobid
     slurm_cluster.wait_state(jobid, "RUNNING")
@@ -177,7 +183,7 @@ def test_job_slurm_forgot_is_brought_back_by_restore(slurm_cluster, workdir):
     slurm_cluster.wait_state(jobid, {"CANCELLED"})
     wait_for(lambda: not _counting(log), what="the counter to stop")
 
-    forget_all_jobs(slurm_cluster)
+    forget_all_jobs(slurm_cluster, workdir)
     r = gpucr(slurm_cluster, "restore", jobid, "--json")
     new_id = json.loads(r.stdout)["resubmitted_as"]
     info = slurm_cluster.wait_state(new_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
@@ -204,7 +210,7 @@ def test_two_node_job_slurm_forgot_is_brought_back_with_its_ranks(slurm_cluster,
     slurm_cluster.wait_state(jobid, {"CANCELLED"})
     wait_for(lambda: not any(_counting(p) for p in ranks), what="the ranks to stop")
 
-    forget_all_jobs(slurm_cluster)
+    forget_all_jobs(slurm_cluster, workdir)
     new_id = json.loads(gpucr(slurm_cluster, "restore", jobid, "--json").stdout)["resubmitted_as"]
     info = slurm_cluster.wait_state(new_id, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
     text = out.read_text()
