@@ -1,7 +1,9 @@
 """Restoring a requeued job inside its new batch step.
 
-When a `--gpucr=on` job starts again (restart count > 0) and its image root
-holds a committed checkpoint, the plugin sets GPUCR_RESTORE_BATCH=1 and the
+When a `--gpucr=on` job starts and its own submission has a committed
+checkpoint (whatever its restart count; job_images.start_target), or it was
+submitted again from one (GPUCR_RESTORE_FROM), the plugin sets
+GPUCR_RESTORE_BATCH=1 and the
 batch supervisor (batch_supervisor.py) calls this instead of starting the
 script (the original script's path is in GPUCR_BATCH_SCRIPT).
 
