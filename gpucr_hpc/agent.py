@@ -78,17 +78,33 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], hold_gpu: boo
                          "processes connected by TCP to another rank, another node or a server "
                          "(MPI, NCCL, gloo, a TCP store) cannot be checkpointed")
     rep = migrate.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, hold_gpu=hold_gpu)
-    saved = {}
+    saved, script = {}, None
     if unit.name == "batch":
         m = mf.load(gen_dir / unit.name)
         sizes = {r["path"]: r["size"] for r in m.get("open_files") or []}
+        script = save_script(unit.pid, sizes, gen_dir)
         for i, path in enumerate(dict.fromkeys(p for p in outputs if p)):
             if path in sizes:
                 rel = f"output/{i}"
                 save_output(path, sizes[path], gen_dir / rel)
                 saved[path] = {"file": rel, "size": sizes[path]}
     return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"], "gpu_held": rep["gpu_held"],
-            "saved_output": saved, "stdio": stdio_of(unit.pid)}
+            "saved_output": saved, "saved_script": script, "stdio": stdio_of(unit.pid)}
+
+
+def save_script(pid: int, sizes: dict, gen_dir: Path) -> dict | None:
+    """A copy of the batch script the shell has open (an argument of the unit's
+    root that is among its open files): the job can then be submitted again
+    from this generation once Slurm has forgotten it (job_cr.resubmit)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    path = next((a for a in args[1:] if a in sizes), None)
+    if path is None:
+        return None
+    save_output(path, sizes[path], gen_dir / "script")
+    return {"file": "script", "path": path, "size": sizes[path]}
 
 
 def resume_held(gen_dir: Path, units: list[dict]) -> list[str]:
@@ -126,23 +142,40 @@ def prepare(job: dict, gen_dir: Path, hold_gpu: bool = False) -> dict:
             except Exception as e:  # noqa: BLE001 - any failure is a "no" vote
                 errors.append(f"{type(e).__name__}: {e}")
     return {"node": node, "ok": not errors, "units": done, "errors": errors,
-            "prepare_s": time.monotonic() - t0}
+            "prepare_s": time.monotonic() - t0, "submission": submission_of(run_dir)}
+
+
+def submission_of(run_dir: Path) -> str | None:
+    """The job's submission, as the plugin recorded it on this node (spank/submission.h):
+    never a unit's own environment, which a restore brings back from an older job."""
+    try:
+        return (run_dir / "submission").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def job_submission(job: dict, reports: list[dict]) -> str | None:
+    """The batch host's record first: its batch step wrote it at this run's start."""
+    ordered = sorted(reports, key=lambda r: r["node"] != job.get("batch_host"))
+    return next((r["submission"] for r in ordered if r.get("submission")), None)
 
 
 def job_manifest(job: dict, gen_dir: Path, reports: list[dict]) -> dict:
     m = mf.new_manifest(kind="job", vendor=None, gpu=None)
     units = [u for r in reports for u in r["units"]]
     m.update({
-        "job": {k: job[k] for k in ("id", "user", "uid", "nodes", "batch_host", "std_out",
-                                    "std_err", "restart_count")},
+        "job": {k: job.get(k) for k in ("id", "user", "uid", "nodes", "batch_host", "std_out",
+                                        "std_err", "restart_count", "partition")},
         "generation": gen_dir.name,
         "owner_uid": job["uid"],
+        # which submission of the job id this generation belongs to (job_images.py)
+        "submission": job_submission(job, reports),
         "units": {u["name"]: {k: v for k, v in u.items() if k != "timings"} for u in units},
         "nodes": [r["node"] for r in reports],
         "prepare_s": max(r["prepare_s"] for r in reports),
     })
     for u in units:
-        for path, rec in u.get("saved_output", {}).items():
+        for rec in [*u.get("saved_output", {}).values(), *filter(None, [u.get("saved_script")])]:
             rel = rec["file"]
             mf.add_file(m, rel, rec["size"], mf.sha256_file(gen_dir / rel))
     m["total_bytes"] = sum(u["bytes"] for u in units) + sum(

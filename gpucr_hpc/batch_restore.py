@@ -1,7 +1,9 @@
 """Restoring a requeued job inside its new batch step.
 
-When a `--gpucr=on` job starts again (restart count > 0) and its image root
-holds a committed checkpoint, the plugin sets GPUCR_RESTORE_BATCH=1 and the
+When a `--gpucr=on` job starts and its own submission has a committed
+checkpoint (whatever its restart count; job_images.start_target), or it was
+submitted again from one (GPUCR_RESTORE_FROM), the plugin sets
+GPUCR_RESTORE_BATCH=1 and the
 batch supervisor (batch_supervisor.py) calls this instead of starting the
 script (the original script's path is in GPUCR_BATCH_SCRIPT).
 
@@ -191,12 +193,19 @@ def remove_created(paths: list[Path]) -> None:
 def restore_unit(gen: Path, unit: dict, site, jobid: str,
                  inherit: dict[int, str] | None = None) -> dict:
     """Restore one unit in a new PID namespace and record it in this node's registry."""
-    # The shim's control socket is bound under the run dir of the node it ran on.
-    old_run_dir = site.job_run_dir(jobid, unit["node"])
+    # The shim's control socket is bound under the run dir of the node it ran on
+    # (of the job id it ran as: a resubmitted job has a new one).
+    old_id = str(mf.load(gen)["job"]["id"])
+    old_run_dir = site.job_run_dir(old_id, unit["node"])
     try:
         old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
     except OSError as e:
+        if old_id != str(jobid):
+            raise GpucrError(f"cannot recreate {e.filename} of job {old_id}, which job {jobid} "
+                             f"was submitted again from: {e.strerror}",
+                             f"as root on {unit['node']}: mkdir -p -m 0700 {e.filename} and chown it "
+                             f"to the job's user, then scontrol release {jobid}") from e
         # Only where node paths differ by node name (several slurmd on one machine, %n):
         # an ordinary user cannot create another node's run or spool dir.
         raise GpucrError(f"cannot recreate {e.filename} of node {unit['node']}: {e.strerror}",
@@ -300,7 +309,8 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
                       "another command held the job", f"gpucr-hpc restore {jobid}") from e
     try:
-        gen = job_images.restore_target(job_dir)
+        gen = job_images.start_target(job_dir, os.environ.get("GPUCR_SUBMISSION"),
+                                      os.environ.get("GPUCR_RESTORE_FROM"))
         m = check_generation(gen, jobid)
     except UnusableGeneration as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e

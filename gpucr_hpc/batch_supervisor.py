@@ -114,7 +114,7 @@ def _next_restore(jobid: str) -> str | None:
     """The committed generation a restart or `gpucr-hpc restore JOBID` would restore; None if none."""
     job_dir = load_site().job_image_dir(jobid)
     try:
-        return job_images.restore_target(job_dir).name
+        return job_images.restore_target(job_dir, submission=os.environ.get("GPUCR_SUBMISSION")).name
     except GpucrError:
         return None
 
@@ -192,6 +192,7 @@ def main() -> int:
     # Blocked before any thread or child exists; the child gets them back.
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     batch_restore.open_log(site.job_image_dir(jobid))
+    job_images.claim(site.job_image_dir(jobid), os.environ.get("GPUCR_SUBMISSION"))
     if restoring:
         lock = ExitStack()  # the job's, until every rank is back (batch_restore)
         try:

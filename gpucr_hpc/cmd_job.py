@@ -56,10 +56,13 @@ def parse_generation(value: str | None) -> int | None:
     return int(text)
 
 
-def restore_job(jobid: str, gen: int | None, as_json: bool) -> None:
-    result = job_cr.restore(jobid, gen)
+def restore_job(jobid: str, gen: int | None, as_json: bool, resubmit: bool = False) -> None:
+    result = job_cr.resubmit(jobid, gen) if resubmit else job_cr.restore(jobid, gen)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
+    elif result.get("resubmitted_as"):
+        click.echo(f"job {jobid} submitted again as job {result['resubmitted_as']}, "
+                   f"which restores {result['generation']} when it starts")
     else:
         what = "requeued" if result["requeued"] else "will restore when it starts"
         click.echo(f"job {jobid}: restoring from {result['generation']}; {what}")
@@ -104,6 +107,7 @@ def job_rows(jobid: str | None = None) -> list[dict]:
 def _generation_rows(job_dir: Path) -> list[dict]:
     rows = []
     latest = job_images.read_pointer(job_dir, job_images.LATEST)
+    current = job_images.current_submission(job_dir)
     for n, path, committed in job_images.generations(job_dir):
         row = {"job": job_dir.name, "generation": path.name, "committed": committed,
                "latest": path == latest, "path": str(path)}
@@ -111,7 +115,10 @@ def _generation_rows(job_dir: Path) -> list[dict]:
             try:
                 m = mf.load(path)
                 row.update(bytes=m.get("total_bytes", 0), nodes=m.get("nodes", []),
-                           units=sorted(m.get("units", {})), created=m.get("created"))
+                           units=sorted(m.get("units", {})), created=m.get("created"),
+                           submission=m.get("submission"),
+                           # an earlier job that had this id: kept, never restored for this one
+                           other_submission=m.get("submission") != current)
             except GpucrError as e:
                 row.update(error=e.one_line())
             except OSError as e:  # unreadable: shown as damaged, like a bad checksum
@@ -145,6 +152,8 @@ def _mine(job_dir: Path, jobid: str | None = None) -> bool:
 def generation_state(r: dict) -> str:
     if r.get("error"):
         return "damaged"
+    if r.get("other_submission"):
+        return "committed (other submission)"
     return ("committed" if r["committed"] else "incomplete") + (" (latest)" if r.get("latest") else "")
 
 
@@ -221,7 +230,8 @@ def job_status(jobid: str) -> dict:
     elif not out["generations"]:
         raise unknown
     else:
-        out.update(state="UNKNOWN to Slurm", note=unknown.cause)
+        out.update(state="UNKNOWN to Slurm", note=f"{unknown.cause}; `gpucr-hpc restore {jobid}` "
+                                                      "submits it again from its newest checkpoint")
     latest = next((g for g in out["generations"] if g.get("latest")), None)
     out["latest"] = latest["generation"] if latest else None
     log = site.job_image_dir(jobid) / "restore.log"

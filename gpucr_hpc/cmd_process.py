@@ -162,12 +162,17 @@ def _refuse_for_job(**given) -> None:
               help="With JOBID: the generation to restore, N or gen-N (default: the newest committed "
                    "one; `gpucr-hpc ls JOBID` lists them). Without JOBID: the directory of a "
                    "whole-process image, as checkpoint --pid PID --to DIR wrote it.")
+@click.option("--resubmit", is_flag=True,
+              help="With JOBID: submit the job again from its checkpoint as a new job (a new id), "
+                   "also when Slurm knows another job of that id (slurmctld gave it out again).")
 @run_dir_option
 @migrate.restore_options
-def restore(jobid, pid, source, run_dir, as_json, pidns, rewind_files, gpus):
+def restore(jobid, pid, source, resubmit, run_dir, as_json, pidns, rewind_files, gpus):
     """Restore a Slurm job that is not running from its checkpoint (JOBID; --from N
-    picks a generation), a process checkpointed in place (--pid PID; it continues
-    where it stopped), or a whole-process image (--from DIR; --gpu picks the GPUs)."""
+    picks a generation; a job Slurm no longer knows is submitted again as its
+    user, with a new id, and restored from it), a process checkpointed in place
+    (--pid PID; it continues where it stopped), or a whole-process image
+    (--from DIR; --gpu picks the GPUs)."""
     if gpus is not None and (jobid is not None or not source):
         raise GpucrError("--gpu applies to restore --from DIR only (a job goes onto the GPUs Slurm "
                          "gives it, a process checkpointed in place stays on its own)", "drop --gpu")
@@ -177,7 +182,9 @@ def restore(jobid, pid, source, run_dir, as_json, pidns, rewind_files, gpus):
         _refuse_for_job(run_dir=run_dir, pidns=pidns, rewind_files=rewind_files)
         from gpucr_hpc.cmd_job import parse_generation, restore_job
 
-        return restore_job(jobid, parse_generation(source), as_json)
+        return restore_job(jobid, parse_generation(source), as_json, resubmit)
+    if resubmit:
+        raise GpucrError("--resubmit applies to restore JOBID only", "give the job id, or drop --resubmit")
     if source:
         if pid is not None:
             raise GpucrError("give either --pid or --from, not both", "drop one of them")

@@ -233,7 +233,10 @@ def restore(jobid: str, gen: int | None = None) -> dict:
     """
     site = load_site()
     require_plugin(site)
-    job = _job_for_action(jobid)
+    try:
+        job = _job_for_action(jobid)
+    except slurm.JobUnknown:
+        return resubmit(jobid, gen)
     if job.running:
         raise GpucrError(f"job {jobid} is running", "preempt it instead (gpucr-hpc preempt JOBID)")
     job_dir = site.job_image_dir(job.id)
@@ -247,7 +250,7 @@ def _restore(job: slurm.Job, job_dir, gen: int | None) -> dict:
     jobid = job.id
     target = job_images.restore_target(job_dir, gen)
     mf.load(target)  # committed and intact manifest, or a one-line error
-    mf.write_atomic(job_dir / job_images.RESTORE, f"{target.name}\n".encode(), mode=0o644)
+    job_images.write_pointer(job_dir, job_images.RESTORE, target, job_images.generation_submission(target))
     if os.geteuid() == 0:  # root restoring a user's job: the job's restorer removes it
         os.chown(job_dir / job_images.RESTORE, job.uid, -1)
     if job.state == "PENDING":
@@ -255,3 +258,36 @@ def _restore(job: slurm.Job, job_dir, gen: int | None) -> dict:
             slurm.release(jobid)  # held by a failed restore: try again with this generation
         return {"job": job.id, "generation": target.name, "requeued": False}
     return {"job": job.id, "generation": target.name, "requeued": True, **_requeue(job)}
+
+
+def resubmit(jobid: str, gen: int | None = None) -> dict:
+    """A job Slurm no longer knows (slurmctld lost it, or gave its id to another
+    job: `restore JOBID --from N --resubmit`), submitted again from its
+    committed generation: as its user, with its output files, node count and
+    partition, and GPUCR_RESTORE_FROM naming the generation, which the new job
+    (a new id) restores when it starts (job_images.start_target)."""
+    site = load_site()
+    require_plugin(site)
+    job_dir = site.job_image_dir(jobid)
+    target = job_images.any_committed(job_dir, gen)
+    m = mf.load(target)
+    job = m.get("job") or {}
+    if os.geteuid() not in (0, m.get("owner_uid")):
+        raise GpucrError(f"the checkpoints of job {jobid} belong to uid {m.get('owner_uid')}, "
+                         f"you are uid {os.geteuid()}", "only the job's owner or root can bring it back")
+    if not (target / "script").exists():
+        raise GpucrError(f"job {jobid} is not known to Slurm and {target.name} holds no copy of its "
+                         "batch script (checkpointed by an older gpucr-hpc)",
+                         f"submit the same script again with sbatch --gpucr=on -N {len(m.get('nodes', []))} "
+                         f"-o {job.get('std_out')} --export=ALL,GPUCR_RESTORE_FROM={target}")
+    ranks = sum(1 for name in m.get("units", {}) if name.startswith("rank-"))
+    argv = ["sbatch", "--parsable", "--gpucr=on", f"--nodes={len(m.get('nodes') or [1])}",
+            f"--ntasks={max(ranks, 1)}",  # room for the restored step's ranks
+            f"--output={job['std_out']}", f"--error={job.get('std_err') or job['std_out']}",
+            f"--export=ALL,GPUCR_RESTORE_FROM={target}"]
+    argv += [f"--partition={job['partition']}"] if job.get("partition") else []
+    if os.geteuid() == 0 and m.get("owner_uid") not in (None, 0):
+        argv += [f"--uid={m['owner_uid']}"]  # root brings a user's job back as that user
+    out = slurm.run(*argv, str(target / "script"))
+    new_id = out.stdout.strip().split(";")[0]
+    return {"job": jobid, "generation": target.name, "requeued": False, "resubmitted_as": new_id}

@@ -26,6 +26,10 @@ ENDING_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal
 TASK_SIGNALS = ENDING_SIGNALS | {signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM}
 
 
+class JobUnknown(GpucrError):
+    """Slurm knows no job of this id (it ended long ago, or slurmctld lost its state)."""
+
+
 @dataclass
 class Job:
     id: str
@@ -82,7 +86,7 @@ def show_job(jobid: str) -> Job:
         raise GpucrError(f"'{jobid}' is not a job id", "give the numeric Slurm job id")
     out = run("scontrol", "show", "job", "-o", str(jobid), check=False)
     if out.returncode != 0 or not out.stdout.strip():
-        raise GpucrError(f"no job {jobid} known to Slurm",
+        raise JobUnknown(f"no job {jobid} known to Slurm",
                          "check the id with squeue; finished jobs are forgotten after MinJobAge")
     d = parse_one_line(out.stdout.splitlines()[0])
     user, _, uid = d.get("UserId", "?(-1)").partition("(")

@@ -9,8 +9,8 @@
  *
  * Supervisor: the batch step's task is the gpucr-hpc command (cli=), not
  * the script: it runs the script as its child and checkpoints + requeues
- * the job when the warning signal comes (see warn_signal.c).  When a
- * requeued job has a committed checkpoint (<imageroot>/<jobid>/LATEST), it
+ * the job when the warning signal comes (see warn_signal.c).  When the
+ * job's own submission has a committed checkpoint (see should_restore), it
  * restores the script's tree instead of starting it again.  The task's argv
  * is changed from Slurm 23.02 through spank_prepend_task_argv; before that
  * (22.05) by replacing argv[0] — slurmstepd execs job->argv after
@@ -40,25 +40,49 @@ static int prepend_bindir(spank_t sp, const char *bindir, char *err, size_t errl
 	return 0;
 }
 
-/* S_SLURM_RESTART_COUNT reads 0 in the batch step of 22.05; the job's own
- * SLURM_RESTART_COUNT is right by task_init. */
-static unsigned long restart_count(spank_t sp, const struct gpucr_step *step)
+/* Whether the pointer file <imageroot>/<jobid>/<name> ("gen-N" and the
+ * generation's submission, one per line) names a committed generation of
+ * this submission. */
+static int points_to_mine(const struct gpucr_site *site, uint32_t jobid,
+			  const char *name, const char *submission)
 {
-	char buf[32];
+	char path[4200], gen[64], owner[512];
+	FILE *f;
+	int n;
 
-	if (step->restart_count)
-		return step->restart_count;
-	if (spank_getenv(sp, "SLURM_RESTART_COUNT", buf, sizeof(buf)) == ESPANK_SUCCESS)
-		return strtoul(buf, NULL, 10);
-	return 0;
+	snprintf(path, sizeof(path), "%s/%u/%s", site->imageroot, jobid, name);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	n = fscanf(f, "%63s %511s", gen, owner);
+	fclose(f);
+	if (n != 2 || strncmp(gen, "gen-", 4) != 0 || strchr(gen, '/') ||
+	    strcmp(owner, submission) != 0)
+		return 0;
+	snprintf(path, sizeof(path), "%s/%u/%s/COMMITTED", site->imageroot, jobid, gen);
+	return access(path, R_OK) == 0;
 }
 
-static int has_checkpoint(const struct gpucr_site *site, uint32_t jobid)
+/* A start restores when its own submission has a committed generation,
+ * whatever Restarts says (slurmctld may have reset it), and never from
+ * another submission's (a job id handed out again).  A resubmitted job
+ * (GPUCR_RESTORE_FROM: what `gpucr-hpc restore` of a job Slurm forgot
+ * sets) restores that generation until it has one of its own; the
+ * restorer checks that it is this user's. */
+static int should_restore(spank_t sp, const struct gpucr_site *site,
+			  const struct gpucr_step *step)
 {
-	char latest[4200];
+	char from[4096], committed[4200];
 
-	snprintf(latest, sizeof(latest), "%s/%u/LATEST", site->imageroot, jobid);
-	return access(latest, R_OK) == 0;
+	if (!step->submission[0])
+		return 0;
+	if (points_to_mine(site, step->jobid, "RESTORE", step->submission) ||
+	    points_to_mine(site, step->jobid, "LATEST", step->submission))
+		return 1;
+	if (spank_getenv(sp, "GPUCR_RESTORE_FROM", from, sizeof(from)) != ESPANK_SUCCESS || !from[0])
+		return 0;
+	snprintf(committed, sizeof(committed), "%s/COMMITTED", from);
+	return access(committed, R_OK) == 0;
 }
 
 /* "USR2@120" -> "USR2" and "120"; "off" stays "off", lead "". */
@@ -92,7 +116,7 @@ int gpucr_batch_task_init(spank_t sp, const struct gpucr_site *site,
 	    gpucr_setenv(sp, "GPUCR_CHECKPOINT_SIGNAL", sig) != 0 ||
 	    gpucr_setenv(sp, "GPUCR_CHECKPOINT_LEAD", lead) != 0)
 		return ERR("cannot set GPUCR_BATCH_*");
-	if (restart_count(sp, step) > 0 && has_checkpoint(site, step->jobid) &&
+	if (should_restore(sp, site, step) &&
 	    gpucr_setenv(sp, "GPUCR_RESTORE_BATCH", "1") != 0)
 		return ERR("cannot restore: cannot set GPUCR_RESTORE_BATCH");
 #if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 2, 0)

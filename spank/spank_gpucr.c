@@ -38,6 +38,7 @@
 #include "rundir.h"
 #include "site_config.h"
 #include "step_info.h"
+#include "submission.h"
 #include "task_env.h"
 #include "warn_signal.h"
 
@@ -132,8 +133,16 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	(void)ac;
 	(void)av;
 	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR) {
-		if (gpucr_option_mode() == GPUCR_ON && site_rc != 0) {
+		char err[1024];
+
+		if (gpucr_option_mode() != GPUCR_ON)
+			return 0;
+		if (site_rc != 0) {
 			slurm_error("gpucr: %s", site.error);
+			return -1;
+		}
+		if (gpucr_submission_mark(sp, err, sizeof(err)) != 0) {
+			slurm_error("gpucr: %s", err);
 			return -1;
 		}
 		return 0;
@@ -177,7 +186,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	uint32_t rank = 0;
 	int localid = 0;
-	char buf[32], nodename[256], err[1024];
+	char buf[32], nodename[256], err[1024] = "";
 
 	(void)ac;
 	(void)av;
@@ -209,6 +218,11 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (gpucr_task_record(step.rundir, step.name, (uint32_t)localid, getpid(),
 			      rank, step.uid, step.gid, err, sizeof(err)) != 0)
 		task_fail("task registry: %s", err);
+	if (gpucr_submission_id(sp, step.uid, step.submission, sizeof(step.submission)) == 0 &&
+	    (gpucr_setenv(sp, "GPUCR_SUBMISSION", step.submission) != 0 ||
+	     gpucr_submission_record(step.rundir, step.submission, !strcmp(step.name, "batch"),
+				     step.uid, step.gid, err, sizeof(err)) != 0))
+		task_fail("submission: %s", err[0] ? err : "cannot set GPUCR_SUBMISSION");
 	gpucr_warn_signal_forget(sp);
 	if (gpucr_batch_task_init(sp, &site, &step, err, sizeof(err)) != 0)
 		task_fail("%s", err);

@@ -23,6 +23,7 @@ struct gpucr_step {
 	char nodename[256];
 	char rundir[PATH_MAX];   /* <rundir root>/<jobid> */
 	char arena[PATH_MAX];
+	char submission[512];    /* GPUCR_SUBMISSION; "" when the job has no token */
 };
 
 /* Remote context. Returns -1 with err set on failure. */

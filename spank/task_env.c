@@ -123,7 +123,7 @@ int gpucr_env_remove_shim(spank_t sp, const char *shim)
 		"GPUCR_NODE_ID", "GPUCR_NODENAME", "GPUCR_RUN_DIR",
 		"GPUCR_IMAGE_ROOT", "GPUCR_ARENA_DIR", "GPUCR_SHIM",
 		"GPUCR_GPU_FEATURE", "GPUCR_VENDOR", "GPUCR_RESTART_COUNT",
-		"GPUCR_ENABLED",
+		"GPUCR_ENABLED", "GPUCR_SUBMISSION",
 	};
 	char *old = malloc(ENV_MAX), *new = malloc(ENV_MAX);
 	int rc = -1;

@@ -45,6 +45,9 @@ if rd and os.path.isdir(rd):
                                                os.environ["GPUCR_LOCAL_RANK"]))
     if os.path.exists(rec):
         info["record"] = dict(line.split("=", 1) for line in open(rec).read().split())
+    sub = os.path.join(rd, "submission")
+    if info["tag"].startswith("sub") and os.path.exists(sub):  # srun splits lines over 1 KiB
+        info["submission"] = open(sub).read().strip()
 print("PROBE " + json.dumps(info), flush=True)
 '''
 
@@ -274,6 +277,24 @@ def test_srun_off_inside_on_job(spank):
     assert not any(k.startswith("GPUCR_") for k in ps["off"]["env"])
     assert "LD_PRELOAD" not in ps["off"]["env"]
     check_gpucr_task(ps["on"], spank, jobid, "1")
+
+
+def test_each_submission_has_its_own_token_in_every_step(spank):
+    """GPUCR_SUBMISSION = <cluster>:<uid>:<token>: the same in the batch step, its srun
+    steps and the node's run dir (also with --export=NONE), another for the next job."""
+    seen = []
+    for export in ("--export=ALL", "--export=NONE"):
+        jobid, rc, out = spank.batch(f"/usr/bin/python3 {spank.probe} sub-batch\n"
+                                     f"srun /usr/bin/python3 {spank.probe} sub-step\n",
+                                     "--gpucr=on", "-N1", export)
+        assert rc == 0, out
+        ps = probes(out)
+        assert len(ps) == 2, out
+        ids = {p["env"].get("GPUCR_SUBMISSION") for p in ps} | {p.get("submission") for p in ps}
+        assert len(ids) == 1, ps
+        seen.append(ids.pop())
+        assert re.fullmatch(rf"gpucrtest:{ps[0]['uid']}:[0-9a-f]{{32}}", seen[-1] or ""), seen
+    assert seen[0] != seen[1]
 
 
 @pytest.mark.parametrize("tool", ["sbatch", "srun", "salloc"])
