@@ -65,6 +65,13 @@ def local_units(run_dir: Path, node: str) -> list[Unit]:
         if not criu_mod.is_alive(rec["pid"]):
             continue
         if rec["step"] == "batch":
+            if environ_of(rec["pid"]).get("GPUCR_BATCH_SUPERVISE") == "1":
+                # The plugin records the batch step's task (the supervisor) until the
+                # supervisor records the script it runs or restored; dumping it would
+                # commit a generation that holds none of the job's work.
+                raise GpucrError(f"the batch script of the job on {node} is not recorded yet "
+                                 "(the job is starting, or its restore is under way)",
+                                 "try again in a few seconds; the job was left running")
             units.append(Unit("batch", "batch", 0, rec["pid"], node))
         elif rec["step"].isdigit():
             status = environ_of(rec["pid"]).get("GPUCR_SRUN_STATUS", "")

@@ -238,3 +238,32 @@ def test_checkpoint_while_the_ranks_are_restored_waits_for_all_of_them(slurm_clu
             "batch", "rank-0.0", "rank-0.1", "rank-0.2", "rank-0.3"], (r.stdout, tries)
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_checkpoint_never_takes_the_supervisor_for_the_script(slurm_cluster, workdir):
+    """The task registry names the batch supervisor (as the plugin records it before the
+    supervisor records the script it runs or restored): a checkpoint then is refused
+    with one line, the job runs on, and nothing is committed. Seen once on a GPU job
+    after a restore: the supervisor's image was committed in place of the job's tree."""
+    log = workdir / "count.txt"
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(counting_script(workdir, log, 100000), "--gpucr=on", "-o", str(out))
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+        node = slurm_cluster.job(jobid)["NodeList"]
+        record = slurm_cluster.state / "run" / node / jobid / "tasks" / "batch.0"
+        if not record.exists():  # nodes without mount namespaces keep per-node run dirs
+            record = next(slurm_cluster.state.glob(f"**/run/**/{jobid}/tasks/batch.0"))
+        kept = record.read_text()
+        record.write_text(kept.replace(kept.split()[0], f"pid={supervisor_of(jobid)}"))
+        r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "not recorded yet" in r.stderr, r.stderr
+        assert not list((slurm_cluster.state / "images" / jobid).glob("gen-*/COMMITTED"))
+        n = len(numbers(log))
+        wait_for(lambda: len(numbers(log)) > n + 5, what="the job to run on")
+        record.write_text(kept)
+        gpucr(slurm_cluster, "checkpoint", jobid)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
