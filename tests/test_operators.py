@@ -12,20 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from job_helpers import assert_counted_once, gpucr, numbers, wait_for
+from job_helpers import COUNTER, assert_counted_once, gpucr, numbers, wait_for
 from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
-
-COUNTER = r"""
-import sys, time
-path, steps = sys.argv[1], int(sys.argv[2])
-out = open(path, "a", buffering=1)
-for i in range(steps):
-    out.write(f"{i}\n")
-    time.sleep(0.05)
-"""
-
 
 @pytest.fixture
 def jobdir(users, users_tmp):
