@@ -38,12 +38,18 @@ def _identity(what: str) -> bytes:
                        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode()
 
 
-def _holder(fd: int) -> str:
-    try:
-        h = json.loads(os.pread(fd, 4096, 0))
-        return f"`{h['command']}` (pid {h['pid']} on {h['host']}, started {h['started']})"
-    except (OSError, ValueError, KeyError, TypeError):  # between its lock and its write
-        return "another gpucr-hpc command"
+def _holder(fd: int, patience_s: float = 1.0) -> str:
+    """Who holds the lock; it writes its name just after it took the lock, so an
+    empty file is read again for a moment."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            h = json.loads(os.pread(fd, 4096, 0))
+            return f"`{h['command']}` (pid {h['pid']} on {h['host']}, started {h['started']})"
+        except (OSError, ValueError, KeyError, TypeError):  # between its lock and its write
+            if time.monotonic() >= deadline:
+                return "another gpucr-hpc command"
+            time.sleep(0.05)
 
 
 def _try_lock(fd: int) -> bool:

@@ -68,7 +68,12 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
         sock = control_socket(p, run_dir)
         t = Target(p, shim=sock is not None)
         if t.shim:
-            st = ShimClient(p, run_dir, path=sock).status()
+            try:
+                st = ShimClient(p, run_dir, path=sock).status()
+            except GpucrError:
+                if not pid_alive(p):
+                    continue  # a short-lived process (a `sleep`) ended while it was asked
+                raise
             t.cuda, t.shim_state = bool(st.get("cuda")), st.get("state", "")
         else:
             _refuse_unreachable_shim(p)

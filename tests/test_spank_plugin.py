@@ -46,15 +46,24 @@ if rd and os.path.isdir(rd):
     if os.path.exists(rec):
         info["record"] = dict(line.split("=", 1) for line in open(rec).read().split())
     sub = os.path.join(rd, "submission")
-    if info["tag"].startswith("sub") and os.path.exists(sub):  # srun splits lines over 1 KiB
+    if info["tag"].startswith("sub") and os.path.exists(sub):
         info["submission"] = open(sub).read().strip()
-print("PROBE " + json.dumps(info), flush=True)
+# Into a file, named on a short line: srun splits an output line over 1 KiB, and
+# the lines of two tasks then interleave.
+path = "/tmp/gpucr-probe-%d-%d.json" % (os.getpid(), __import__("time").time_ns())
+with open(path, "w") as f:
+    json.dump(info, f)
+print("PROBE @" + path, flush=True)
 '''
 
 
 def probes(text):
-    return [json.loads(line.split("PROBE ", 1)[1]) for line in text.splitlines()
-            if "PROBE " in line]
+    out = []
+    for line in text.splitlines():
+        if "PROBE @" in line:
+            path = Path(line.split("PROBE @", 1)[1].strip())
+            out.append(json.loads(path.read_text()))
+    return out
 
 
 class Spank:
