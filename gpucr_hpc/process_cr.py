@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucr_hpc import criu as criu_mod
 from gpucr_hpc.criu import process_tree
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
 from gpucr_hpc.shim_client import (ShimClient, control_socket, pid_alive, shimmed_pids, socket_path,
@@ -71,7 +72,7 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
             try:
                 st = ShimClient(p, run_dir, path=sock).status()
             except GpucrError:
-                if not pid_alive(p):
+                if leaving(p, run_dir):
                     continue  # a short-lived process (a `sleep`) ended while it was asked
                 raise
             t.cuda, t.shim_state = bool(st.get("cuda")), st.get("state", "")
@@ -97,6 +98,14 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
         raise NoGpuState(f"process {pid} has no GPU process and no gpucr shim in its tree",
                          "start the program with `gpucr-hpc run -- CMD`")
     return targets, driver
+
+
+def leaving(pid: int, run_dir: Path | None) -> bool:
+    """A process that is gone or exiting: a zombie, or one whose shim has let go of
+    its socket on the way out, with no CUDA to lose (the srun wrapper's sleep)."""
+    if not criu_mod.is_alive(pid):
+        return True
+    return control_socket(pid, run_dir) is None and not _uses_cuda(pid)
 
 
 def _uses_cuda(pid: int) -> bool:
