@@ -69,12 +69,9 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
         sock = control_socket(p, run_dir)
         t = Target(p, shim=sock is not None)
         if t.shim:
-            try:
-                st = ShimClient(p, run_dir, path=sock).status()
-            except GpucrError:
-                if leaving(p, run_dir):
-                    continue  # a short-lived process (a `sleep`) ended while it was asked
-                raise
+            st = _status_of(p, run_dir, sock)
+            if st is None:
+                continue  # a short-lived process (a `sleep`) ended while it was asked
             t.cuda, t.shim_state = bool(st.get("cuda")), st.get("state", "")
         else:
             _refuse_unreachable_shim(p)
@@ -98,6 +95,23 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
         raise NoGpuState(f"process {pid} has no GPU process and no gpucr shim in its tree",
                          "start the program with `gpucr-hpc run -- CMD`")
     return targets, driver
+
+
+def _status_of(pid: int, run_dir: Path | None, sock: Path, tries: int = 10) -> dict | None:
+    """The shim's status, or None for a process on its way out. A process that
+    execs (the srun wrapper's children) binds its socket anew under the same name:
+    asked in between, it is asked again a moment later."""
+    for attempt in range(tries):
+        try:
+            return ShimClient(pid, run_dir, path=sock).status()
+        except GpucrError:
+            if leaving(pid, run_dir):
+                return None
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.1)
+            sock = control_socket(pid, run_dir) or sock
+    return None
 
 
 def leaving(pid: int, run_dir: Path | None) -> bool:
