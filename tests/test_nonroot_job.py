@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from job_helpers import COUNTER, assert_counted_once, finished_after_one_restart, numbers, wait_for
-from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
+from job_helpers import assert_counted_once, finished_after_one_restart, numbers, wait_for
+from user_helpers import as_user, gpucr_as, jobdir, owned_dir, users, users_tmp  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 
 
-@pytest.fixture
-def jobdir(users, users_tmp):
-    """The job owner's own directory."""
-    d = owned_dir(users_tmp / "job", users[0])
-    (d / "counter.py").write_text(COUNTER)
-    return d
 
 
 def submit_as(cluster, user, script: Path, *args) -> str:

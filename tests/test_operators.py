@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from job_helpers import COUNTER, assert_counted_once, gpucr, numbers, wait_for
-from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
+from job_helpers import assert_counted_once, gpucr, numbers, wait_for
+from user_helpers import as_user, gpucr_as, jobdir, owned_dir, users, users_tmp  # noqa: F401
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
-
-@pytest.fixture
-def jobdir(users, users_tmp):
-    d = owned_dir(users_tmp / "job", users[0])
-    (d / "counter.py").write_text(COUNTER)
-    return d
 
 
 def users_job(cluster, user, d: Path, steps: int) -> tuple[str, Path, Path]:

@@ -53,3 +53,13 @@ def users_tmp(users):
     base.chmod(0o755)
     yield base
     shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def jobdir(users, users_tmp):
+    """The first user's own job directory, with the counter workload in it."""
+    from job_helpers import COUNTER
+
+    d = owned_dir(users_tmp / "job", users[0])
+    (d / "counter.py").write_text(COUNTER)
+    return d
