@@ -22,10 +22,10 @@ from gpucr_hpc.site import load_site, require_plugin
 AGENT_TIMEOUT_S = 600
 
 
-def _job_for_action(jobid: str) -> slurm.Job:
+def _job_for_action(jobid: str, settled: bool = False) -> slurm.Job:
     job = slurm.show_job(jobid)
     slurm.check_access(job)
-    return job
+    return slurm.settled_job(jobid) if settled and job.settling else job
 
 
 def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, list[dict], str]:
@@ -234,7 +234,7 @@ def restore(jobid: str, gen: int | None = None) -> dict:
     site = load_site()
     require_plugin(site)
     try:
-        job = _job_for_action(jobid)
+        job = _job_for_action(jobid, settled=True)  # a job still completing is requeued by then
     except slurm.JobUnknown:
         return resubmit(jobid, gen)
     if job.running:

@@ -30,6 +30,13 @@ class JobUnknown(GpucrError):
     """Slurm knows no job of this id (it ended long ago, or slurmctld lost its state)."""
 
 
+# States Slurm shows while a job moves on (job_state_string's flags): a requeue or a
+# release asked then is refused ("Job is pending execution") or acts on the old state.
+SETTLING_STATES = {"COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING",
+                   "STAGE_OUT", "RESIZING"}
+SETTLE_S = 120.0
+
+
 @dataclass
 class Job:
     id: str
@@ -48,6 +55,12 @@ class Job:
     @property
     def running(self) -> bool:
         return self.state == "RUNNING"
+
+    @property
+    def settling(self) -> bool:
+        """On its way between states: its processes still end (COMPLETING, for up to
+        KillWait and the epilog), or a requeue is still carried out."""
+        return self.state in SETTLING_STATES
 
 
 def run(*argv: str, timeout: float = 60, check: bool = True,
@@ -79,6 +92,20 @@ def hostnames(nodelist: str) -> list[str]:
     if not nodelist or nodelist == "(null)":
         return []
     return run("scontrol", "show", "hostnames", nodelist).stdout.split()
+
+
+def settled_job(jobid: str, wait_s: float = SETTLE_S) -> Job:
+    """The job once it has stopped moving between states (see SETTLING_STATES)."""
+    deadline = time.monotonic() + wait_s
+    job = show_job(jobid)
+    while job.settling:
+        if time.monotonic() > deadline:
+            raise GpucrError(f"job {jobid} is still {job.state} after {wait_s:.0f} s",
+                             f"try again once `squeue -j {jobid}` shows it pending or gone "
+                             "(a slow epilog or an unkillable process keeps it there)")
+        time.sleep(0.5)
+        job = show_job(jobid)
+    return job
 
 
 def show_job(jobid: str) -> Job:

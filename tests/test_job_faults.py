@@ -7,7 +7,8 @@
 * a node that fails while the job is restored on it: restored again elsewhere, once;
 * a restore step that outlived its restart (its launch crossed a requeue): restores nothing;
 * a preempt whose requeue fails: the checkpoint is committed, the job runs on;
-* a preempt of a job that cannot be requeued: refused before anything happens.
+* a preempt of a job that cannot be requeued: refused before anything happens;
+* a restore asked while the job still completes (held by a requeue): waits, then restores.
 """
 
 import os
@@ -303,3 +304,25 @@ echo "srun rc=$?"
     assert (f"rank 0 not restored: job {jobid} is RUNNING at restart 0, "
             "this step was started for restart 3") in out, out
     assert "gpucr" not in info.get("Comment", ""), info
+
+
+def test_restore_while_the_job_still_completes_waits_and_restores(slurm_cluster, workdir):
+    """Held by a requeue, a job whose processes ignore SIGTERM stays COMPLETING for
+    KillWait; a `restore --from 1` asked then waits for it to settle and restores it
+    (it was refused: "scontrol requeue failed: Job is pending execution")."""
+    script = workdir / "job.sh"
+    script.write_text(f"#!/bin/bash\ntrap '' TERM\nexec {sys.executable} {workdir}/counter.py "
+                      f"{workdir}/rank-0.txt 100000\n")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N1", "-o", str(workdir / "job.out"))
+    logs = [workdir / "rank-0.txt"]
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(logs[0])) > 10, what="the job to count")
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        slurm_cluster.run("scontrol", "requeuehold", jobid)
+        assert slurm_cluster.job(jobid)["JobState"] == "COMPLETING"
+        r = gpucr(slurm_cluster, "restore", jobid, "--from", "1")
+        assert "restoring from gen-1" in r.stdout
+        ranks_count_on(slurm_cluster, jobid, logs)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
