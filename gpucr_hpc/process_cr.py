@@ -161,7 +161,13 @@ def shim_checkpoint(targets, timeout_ms: int, run_dir: Path | None = None) -> li
     todo = [t for t in targets if t.shim and t.shim_state == "running"]
 
     def one(t):
-        r = ShimClient(t.pid, run_dir).checkpoint(timeout_ms)
+        try:
+            r = ShimClient(t.pid, run_dir).checkpoint(timeout_ms)
+        except GpucrError:
+            if t.cuda or not leaving(t.pid, run_dir):
+                raise
+            t.shim_state = "gone"  # ended since it was found (the srun wrapper's sleep): nothing to keep
+            return t
         t.result["checkpoint"] = r
         if not r.get("ok"):
             why = r.get("error", "checkpoint failed")
