@@ -3,6 +3,7 @@ site/results_tables.py generates from the committed bench/results/*.json, and th
 plots it shows are the committed ones. A changed result file fails here until the
 page is regenerated (python3 site/results_tables.py). No GPU, Slurm or CRIU needed."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -33,10 +34,31 @@ def test_check_notices_a_stale_page(tmp_path):
     text = doc.read_text()
     begin = text.index("<!-- BEGIN data-path -->\n") + len("<!-- BEGIN data-path -->\n")
     end = text.index("<!-- END data-path -->")
+    assert "bench/results/shim-vs-driver-h100.json" in text[begin:end]
     doc.write_text(text[:begin] + text[end:])
     r = check(tmp_path / "site" / "results_tables.py")
     assert r.returncode == 1
     assert "site/docs/results.md" in r.stderr
+
+
+def test_check_notices_a_changed_result(tmp_path):
+    """A figure changed in a result file (a new run) makes the page stale until regenerated."""
+    shutil.copytree(REPO / "site", tmp_path / "site", ignore=shutil.ignore_patterns("site"))
+    shutil.copytree(REPO / "bench" / "results", tmp_path / "bench" / "results")
+    f = tmp_path / "bench" / "results" / "job-gpu-slurm-h100.json"
+    d = json.loads(f.read_text())
+    d["preempt"]["preempt_cli_s"] = 1234.5
+    f.write_text(json.dumps(d))
+    r = check(tmp_path / "site" / "results_tables.py")
+    assert r.returncode == 1 and "site/docs/results.md" in r.stderr
+    subprocess.run([sys.executable, str(tmp_path / "site" / "results_tables.py")], check=True, capture_output=True)
+    assert "1234.50 s" in (tmp_path / "site" / "docs" / "results.md").read_text()
+    assert check(tmp_path / "site" / "results_tables.py").returncode == 0
+
+
+def test_results_page_is_short():
+    """The results page is read in five minutes; the history of runs stays in bench/results/."""
+    assert len((REPO / "site" / "docs" / "results.md").read_text().splitlines()) <= 250
 
 
 def test_site_builds_strict(tmp_path):
