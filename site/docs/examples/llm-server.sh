@@ -9,4 +9,5 @@
 # a connection to a client outside the job would make the checkpoint refused.
 SPOOL=/lustre/$USER/llm-spool
 mkdir -p "$SPOOL/in" "$SPOOL/out"
+export HF_HUB_OFFLINE=1   # the model from disk; no connection to a model hub stays open
 python serve_llm.py --model /models/llama-3.1-8b-instruct --spool "$SPOOL"
