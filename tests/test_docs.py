@@ -1,7 +1,9 @@
 """The documentation site: the tables of site/docs/results.md are those that
 site/results_tables.py generates from the committed bench/results/*.json, and the
 plots it shows are the committed ones. A changed result file fails here until the
-page is regenerated (python3 site/results_tables.py). No GPU, Slurm or CRIU needed."""
+page is regenerated (python3 site/results_tables.py). The whole site builds with
+`mkdocs build --strict` (skipped, with the reason, where mkdocs is not installed).
+No GPU, Slurm or CRIU needed."""
 
 import json
 import os
@@ -61,12 +63,27 @@ def test_results_page_is_short():
     assert len((REPO / "site" / "docs" / "results.md").read_text().splitlines()) <= 250
 
 
+def mkdocs_build(site: Path, out: Path) -> subprocess.CompletedProcess:
+    """No -q: it hides the warnings that --strict turns into a failure."""
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(site / "mkdocs.yml"),
+                           "-d", str(out)], capture_output=True, text=True, timeout=300, cwd=out.parent, env=env)
+
+
 def test_site_builds_strict(tmp_path):
     """`mkdocs build --strict`: every link, anchor, snippet and nav entry resolves.
     Skipped only where mkdocs is not installed (pip install -e '.[docs]')."""
     pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]'")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-f", str(REPO / "site" / "mkdocs.yml"),
-                        "-d", str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    r = mkdocs_build(REPO / "site", tmp_path / "out")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (tmp_path / "out" / "index.html").exists()
+
+
+def test_strict_build_notices_a_broken_anchor(tmp_path):
+    """The strict build is not vacuous: a link to a section that is not there fails it."""
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed: pip install -e '.[docs]'")
+    shutil.copytree(REPO / "site", tmp_path / "site", ignore=shutil.ignore_patterns("site"))
+    with open(tmp_path / "site" / "docs" / "index.md", "a") as f:
+        f.write("\n[gone](results.md#no-such-section)\n")
+    r = mkdocs_build(tmp_path / "site", tmp_path / "out")
+    assert r.returncode != 0 and "no-such-section" in r.stdout + r.stderr
