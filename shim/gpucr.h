@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "json.h" /* the JSON reader and writer (jb_*) */
+
 #define GPUCR_EXPORT __attribute__((visibility("default")))
 
 /* ---- log.c ---------------------------------------------------------- */
@@ -155,29 +157,13 @@ int gpucr_arena_locate(const void *host, int *seg, size_t *offset);
  * it is mapped): 0, or -1 when it has no open descriptor. */
 int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen);
 
-/* ---- protocol.c: JSON lines ----------------------------------------- */
+/* ---- protocol.c: the control requests (JSON lines, read with json.c) -- */
 struct gpucr_req {
     char cmd[32];
     long timeout_ms; /* -1 when absent */
     uint64_t id;     /* "id" of ipc_fd requests; 0 when absent */
 };
 int gpucr_req_parse(const char *line, struct gpucr_req *req); /* 0 ok, -1 bad */
-
-struct jbuf {
-    char *buf;
-    size_t len, cap;
-    int first; /* next member is the first of its object */
-};
-void jb_init(struct jbuf *j);
-void jb_free(struct jbuf *j);
-void jb_begin(struct jbuf *j);             /* { */
-void jb_end(struct jbuf *j);               /* } */
-void jb_key_obj(struct jbuf *j, const char *key); /* "key": { */
-void jb_str(struct jbuf *j, const char *key, const char *val);
-void jb_u64(struct jbuf *j, const char *key, uint64_t val);
-void jb_i64(struct jbuf *j, const char *key, int64_t val);
-void jb_f64(struct jbuf *j, const char *key, double val);
-void jb_bool(struct jbuf *j, const char *key, int val);
 
 /* ---- control.c: the per-process control socket ---------------------- */
 int gpucr_control_start(void);

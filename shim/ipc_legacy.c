@@ -169,8 +169,16 @@ static int fetch_fd(int32_t pid, uint32_t id)
     sa.sun_family = AF_UNIX;
     memcpy(sa.sun_path, path, strlen(path) + 1);
     char req[64];
-    int n = snprintf(req, sizeof req, "{\"cmd\":\"ipc_fd\",\"id\":%u}\n", id);
+    struct jbuf j;
+    jb_init_fixed(&j, req, sizeof req - 1);
+    jb_begin(&j);
+    jb_str(&j, "cmd", "ipc_fd");
+    jb_u64(&j, "id", id);
+    jb_end(&j);
+    req[j.len++] = '\n'; /* one request line */
+    ssize_t n = (ssize_t)j.len;
     int fd = -1;
+    struct json_value ok;
     if (connect(s, (struct sockaddr *)&sa, sizeof sa) == 0 && send(s, req, (size_t)n, MSG_NOSIGNAL) == n) {
         char buf[256];
         size_t have = 0;
@@ -197,7 +205,10 @@ static int fetch_fd(int32_t pid, uint32_t id)
             have += (size_t)got;
         }
         buf[have] = 0;
-        if (fd >= 0 && !strstr(buf, "\"ok\": true") && !strstr(buf, "\"ok\":true")) {
+        char *nl = memchr(buf, '\n', have);
+        if (nl)
+            *nl = 0; /* the answer line */
+        if (fd >= 0 && (json_find(buf, "ok", &ok) != 1 || ok.type != JSON_TRUE)) {
             close(fd);
             fd = -1;
         }

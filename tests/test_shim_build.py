@@ -14,7 +14,9 @@ def test_c_unit_tests():
     r = subprocess.run(["make", "-s", "-C", str(SHIM_DIR), "test"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("gate blocks new calls while closed", "gate close timeout reopens", "phys/map",
-                 "arena reuse", "arena growth", "parse", "dispatch", "fork"):
+                 "arena reuse", "arena growth", "parse", "dispatch", "fork",
+                 "json ok true/false", "json numbers", "json nested values ignored", "json strings",
+                 "json malformed input", "json writer arrays and fixed buffers"):
         assert f"ok {name}" in r.stdout
 
 
