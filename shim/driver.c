@@ -58,14 +58,14 @@ static int load_locked(int only_if_present)
         return -1;
     }
     libcuda = h;
-#define GPUCR_RESOLVE(fn) D.fn = (__typeof__(D.fn))gpucr_real_dlsym(h, #fn);
+#define GPUCR_RESOLVE(fn) gpucr_drv.fn = (__typeof__(gpucr_drv.fn))gpucr_real_dlsym(h, #fn);
     GPUCR_DRIVER_FUNCS(GPUCR_RESOLVE)
 #undef GPUCR_RESOLVE
-    D.cuMemAllocAsync_ptsz = (__typeof__(D.cuMemAllocAsync_ptsz))gpucr_real_dlsym(h, "cuMemAllocAsync_ptsz");
-    D.cuMemAllocFromPoolAsync_ptsz =
-        (__typeof__(D.cuMemAllocFromPoolAsync_ptsz))gpucr_real_dlsym(h, "cuMemAllocFromPoolAsync_ptsz");
-    D.cuMemFreeAsync_ptsz = (__typeof__(D.cuMemFreeAsync_ptsz))gpucr_real_dlsym(h, "cuMemFreeAsync_ptsz");
-    D.cuGetProcAddress_v1 = (gpucr_pfn_getproc_v1)gpucr_real_dlsym(h, "cuGetProcAddress");
+    gpucr_drv.cuMemAllocAsync_ptsz = (__typeof__(gpucr_drv.cuMemAllocAsync_ptsz))gpucr_real_dlsym(h, "cuMemAllocAsync_ptsz");
+    gpucr_drv.cuMemAllocFromPoolAsync_ptsz =
+        (__typeof__(gpucr_drv.cuMemAllocFromPoolAsync_ptsz))gpucr_real_dlsym(h, "cuMemAllocFromPoolAsync_ptsz");
+    gpucr_drv.cuMemFreeAsync_ptsz = (__typeof__(gpucr_drv.cuMemFreeAsync_ptsz))gpucr_real_dlsym(h, "cuMemFreeAsync_ptsz");
+    gpucr_drv.cuGetProcAddress_v1 = (gpucr_pfn_getproc_v1)gpucr_real_dlsym(h, "cuGetProcAddress");
     for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++)
         for (const struct gpucr_hook *e = lists[l]; e->name; e++)
             *e->real = gpucr_real_dlsym(h, e->name);

@@ -61,6 +61,14 @@ enum {
     PHYS_HELPER_HELD = 8, /* made by the copy helper, which keeps a handle to it (helper.c) */
 };
 
+/* Where an allocation's memory is (gpucr_phys.dropped); checkpoint.c moves it
+ * RESIDENT -> DROPPED (checkpoint) -> REFILLING -> RESIDENT (restore). */
+enum gpucr_phys_state {
+    PHYS_RESIDENT = 0,  /* its physical memory is on the GPU */
+    PHYS_DROPPED = 1,   /* released by a checkpoint; the data is in the arena (host) */
+    PHYS_REFILLING = 2, /* re-created (or imported from the copy helper), not yet filled */
+};
+
 struct gpucr_phys {
     uint64_t vhandle, rhandle;
     size_t size;
@@ -74,7 +82,7 @@ struct gpucr_phys {
     uint64_t copy_va;  /* where the data path reads/writes it */
     int scratch;       /* copy_va is a temporary mapping */
     void *host;  /* arena copy while checkpointed */
-    int dropped; /* physical memory released by a checkpoint */
+    enum gpucr_phys_state dropped; /* physical memory released by a checkpoint? */
 };
 
 struct gpucr_map {

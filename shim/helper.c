@@ -278,7 +278,7 @@ static const char *uuid_of(int dev, int may_ask)
     if (dev < 0 || dev >= MAX_DEV)
         return NULL;
     CUuuid u;
-    if (!uuids[dev][0] && may_ask && D.cuDeviceGetUuid_v2 && D.cuDeviceGetUuid_v2(&u, dev) == CUDA_SUCCESS)
+    if (!uuids[dev][0] && may_ask && gpucr_drv.cuDeviceGetUuid_v2 && gpucr_drv.cuDeviceGetUuid_v2(&u, dev) == CUDA_SUCCESS)
         for (int k = 0; k < 16; k++)
             snprintf(uuids[dev] + 2 * k, 3, "%02x", (unsigned char)u.bytes[k]);
     return uuids[dev][0] ? uuids[dev] : NULL;
@@ -384,7 +384,7 @@ CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_co
             int fd = -1;
             if (p[b + i]->flags & PHYS_HELPER_HELD)
                 continue; /* the helper has its own handle */
-            if ((r = D.cuMemExportToShareableHandle(&fd, p[b + i]->rhandle,
+            if ((r = gpucr_drv.cuMemExportToShareableHandle(&fd, p[b + i]->rhandle,
                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) == CUDA_SUCCESS)
                 fds[made++] = fd;
         }
@@ -445,11 +445,11 @@ static int in_done(int keep, struct gpucr_copy_stats *st)
 }
 
 /* The helper makes the allocations and starts filling them; this process
- * imports them (p[i]->rhandle, p[i]->dropped = 2) while the copies run, so the
+ * imports them (p[i]->rhandle, p[i]->dropped = PHYS_REFILLING) while the copies run, so the
  * caller can map them meanwhile. On success the caller must then call
  * gpucr_helper_in_wait(), which ends the exchange (the helper lock is held
  * until then, so nothing else talks to the helper in between). On failure
- * the helper has let go, and what was imported already (dropped 2) is the
+ * the helper has let go, and what was imported already (PHYS_REFILLING) is the
  * caller's to release, as after a failed gpucr_helper_in_wait(). */
 CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st)
 {
@@ -470,10 +470,10 @@ CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_cop
         for (int i = 0; i < got; i++) {
             CUmemGenericAllocationHandle h;
             if (r == CUDA_SUCCESS &&
-                (r = D.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[i],
+                (r = gpucr_drv.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[i],
                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) == CUDA_SUCCESS) {
                 p[b + i]->rhandle = h;
-                p[b + i]->dropped = 2;
+                p[b + i]->dropped = PHYS_REFILLING;
             }
             close(fds[i]);
         }
