@@ -13,12 +13,9 @@ struct gpucr_hook {
     void **real;
 };
 
-extern const struct gpucr_hook gpucr_hooks_gated[];
-extern const struct gpucr_hook gpucr_hooks_alloc[];
-extern const struct gpucr_hook gpucr_hooks_vmm[];
-extern const struct gpucr_hook gpucr_hooks_async[];
-extern const struct gpucr_hook gpucr_hooks_getproc[];
-extern const struct gpucr_hook gpucr_hooks_ipc[];
+/* Every hooked entry point, ended by {0}: hooks_registry.c, generated from
+ * cuda.h by tools/gen_hooks.py (make gen; make check-generated). */
+extern const struct gpucr_hook gpucr_hooks[];
 
 /* The real driver functions the shim itself calls (exported names). */
 typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuuint64_t);

@@ -192,11 +192,3 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesi
     gpucr_gate_exit();
     return r;
 }
-
-static void *r_alloc, *r_free, *r_managed;
-const struct gpucr_hook gpucr_hooks_alloc[] = {
-    {"cuMemAlloc_v2", (void *)cuMemAlloc_v2, &r_alloc},
-    {"cuMemFree_v2", (void *)cuMemFree_v2, &r_free},
-    {"cuMemAllocManaged", (void *)cuMemAllocManaged, &r_managed},
-    {0, 0, 0},
-};

@@ -129,18 +129,3 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmem
         mark_shared();
     return r;
 }
-
-static void *r1, *r2, *r3, *r4, *r5, *r6, *r7, *r8, *r9, *r10;
-const struct gpucr_hook gpucr_hooks_async[] = {
-    {"cuMemAllocAsync", (void *)cuMemAllocAsync, &r1},
-    {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz, &r2},
-    {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync, &r3},
-    {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz, &r4},
-    {"cuMemFreeAsync", (void *)cuMemFreeAsync, &r5},
-    {"cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz, &r6},
-    {"cuMemPoolExportToShareableHandle", (void *)cuMemPoolExportToShareableHandle, &r7},
-    {"cuMemPoolImportFromShareableHandle", (void *)cuMemPoolImportFromShareableHandle, &r8},
-    {"cuMemPoolExportPointer", (void *)cuMemPoolExportPointer, &r9},
-    {"cuMemPoolImportPointer", (void *)cuMemPoolImportPointer, &r10},
-    {0, 0, 0},
-};

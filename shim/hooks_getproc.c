@@ -41,10 +41,3 @@ GPUCR_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, i
         swap_in(pfn);
     return r;
 }
-
-static void *real_v1, *real_v2;
-const struct gpucr_hook gpucr_hooks_getproc[] = {
-    {"cuGetProcAddress", (void *)cuGetProcAddress, &real_v1},
-    {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, &real_v2},
-    {0, 0, 0},
-};

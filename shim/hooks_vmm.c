@@ -232,17 +232,3 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocat
     gpucr_gate_exit();
     return r;
 }
-
-static void *r_create, *r_release, *r_map, *r_unmap, *r_access, *r_retain, *r_props, *r_export, *r_import;
-const struct gpucr_hook gpucr_hooks_vmm[] = {
-    {"cuMemCreate", (void *)cuMemCreate, &r_create},
-    {"cuMemRelease", (void *)cuMemRelease, &r_release},
-    {"cuMemMap", (void *)cuMemMap, &r_map},
-    {"cuMemUnmap", (void *)cuMemUnmap, &r_unmap},
-    {"cuMemSetAccess", (void *)cuMemSetAccess, &r_access},
-    {"cuMemRetainAllocationHandle", (void *)cuMemRetainAllocationHandle, &r_retain},
-    {"cuMemGetAllocationPropertiesFromHandle", (void *)cuMemGetAllocationPropertiesFromHandle, &r_props},
-    {"cuMemExportToShareableHandle", (void *)cuMemExportToShareableHandle, &r_export},
-    {"cuMemImportFromShareableHandle", (void *)cuMemImportFromShareableHandle, &r_import},
-    {0, 0, 0},
-};

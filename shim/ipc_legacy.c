@@ -316,11 +316,3 @@ GPUCR_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     gpucr_gate_exit();
     return r;
 }
-
-static void *r_ipcget, *r_ipcopen, *r_ipcclose;
-const struct gpucr_hook gpucr_hooks_ipc[] = {
-    {"cuIpcGetMemHandle", (void *)cuIpcGetMemHandle, &r_ipcget},
-    {"cuIpcOpenMemHandle_v2", (void *)cuIpcOpenMemHandle_v2, &r_ipcopen},
-    {"cuIpcCloseMemHandle", (void *)cuIpcCloseMemHandle, &r_ipcclose},
-    {0, 0, 0},
-};
