@@ -91,8 +91,7 @@ int main(void)
     PASS("json numbers");
 
     /* nested values are checked and handed over whole, for the caller to ignore */
-    CHECK(!strcmp(walk("{\"a\": [1, [2, {\"b\": null}], \"]\"], \"o\": {\"k\": {}}, \"z\": []}"),
-                  "a=7 o=6 z=7"));
+    CHECK(!strcmp(walk("{\"a\": [1, [2, {\"b\": null}], \"]\"], \"o\": {\"k\": {}}, \"z\": []}"), "a=7 o=6 z=7"));
     CHECK(find_num("{\"steps\": {\"map_s\": 9}, \"map_s\": 0.5}", "map_s") == 0.5);
     struct json_value v;
     CHECK(json_find("{\"o\": {\"x\": [1, 2]} , \"n\": 1}", "o", &v) == 1 && v.type == JSON_OBJECT);
@@ -116,7 +115,8 @@ int main(void)
     /* strings and their escapes */
     CHECK(!strcmp(find_str("{\"s\": \"plain\"}", "s"), "plain"));
     CHECK(!strcmp(find_str("{\"s\": \"q\\\" b\\\\ s\\/ \\b\\f\\n\\r\\t\"}", "s"), "q\" b\\ s/ \b\f\n\r\t"));
-    CHECK(!strcmp(find_str("{\"s\": \"\\u0041\\u00e9\\u20ac\\ud83d\\ude00\"}", "s"), "A\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
+    CHECK(!strcmp(find_str("{\"s\": \"\\u0041\\u00e9\\u20ac\\ud83d\\ude00\"}", "s"),
+                  "A\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));
     CHECK(!strcmp(find_str("{\"s\": \"\\u000a\"}", "s"), "\n")); /* as jb_str writes control characters */
     CHECK(!strcmp(find_str("{\"k\\u0065y\": \"v\"}", "key"), "v")); /* keys are decoded too */
     CHECK(!strcmp(find_str("{\"s\": \"\\u0000\"}", "s"), "(none)"));
@@ -137,9 +137,26 @@ int main(void)
     PASS("json strings");
 
     /* malformed: not one object */
-    const char *bad[] = {"", "   ", "null", "[]", "\"ok\"", "{", "}", "{\"a\"}", "{\"a\" 1}", "{\"a\": }",
-                         "{\"a\": 1,}", "{,}", "{\"a\": 1 \"b\": 2}", "{\"a\": 1} {}", "{\"a\": 1} x",
-                         "{a: 1}", "{'a': 1}", "{\"a\": True}", "{\"a\": nul}", "{\"a\": 1}}"};
+    const char *bad[] = {"",
+                         "   ",
+                         "null",
+                         "[]",
+                         "\"ok\"",
+                         "{",
+                         "}",
+                         "{\"a\"}",
+                         "{\"a\" 1}",
+                         "{\"a\": }",
+                         "{\"a\": 1,}",
+                         "{,}",
+                         "{\"a\": 1 \"b\": 2}",
+                         "{\"a\": 1} {}",
+                         "{\"a\": 1} x",
+                         "{a: 1}",
+                         "{'a': 1}",
+                         "{\"a\": True}",
+                         "{\"a\": nul}",
+                         "{\"a\": 1}}"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         if (strcmp(walk(bad[i]), "BAD") != 0) {
             fprintf(stderr, "accepted: %s\n", bad[i]);
@@ -175,8 +192,9 @@ int main(void)
     jb_bool(&j, "keep", 0);
     jb_end(&j);
     /* the bytes the shim sent before json.c: snprintf("[%llu, %zu, %d, %zu, \"%s\", %d]") */
-    CHECK(!j.overflow && !strcmp(buf, "{\"cmd\": \"out\", \"blobs\": [[18446744073709551615, 2097152, -1, 0, \"0a1b\", 0], "
-                                      "[18446744073709551614, 2097152, 0, 0, \"0a1b\", 1]], \"empty\": [], \"keep\": false}"));
+    CHECK(!j.overflow &&
+          !strcmp(buf, "{\"cmd\": \"out\", \"blobs\": [[18446744073709551615, 2097152, -1, 0, \"0a1b\", 0], "
+                       "[18446744073709551614, 2097152, 0, 0, \"0a1b\", 1]], \"empty\": [], \"keep\": false}"));
     CHECK(j.len == strlen(buf));
     jb_free(&j); /* the caller's buffer: not freed */
     CHECK(!strcmp(walk(buf), "cmd=1 blobs=7 empty=7 keep=4"));
