@@ -12,7 +12,7 @@
 
 #define MAX_DEPTH 32 /* of a nested value that is skipped */
 
-enum { READ_START, READ_FIRST, READ_MORE, READ_DONE, READ_BAD };
+enum { READ_START, READ_MORE, READ_DONE, READ_BAD };
 
 static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static int is_digit(char c) { return c >= '0' && c <= '9'; }
@@ -204,7 +204,6 @@ int json_next(struct json_reader *r, struct json_member *m)
         if (*p != '{')
             return bad(r);
         p = skip_ws(p + 1);
-        r->state = READ_FIRST;
         break;
     case READ_MORE:
         if (*p == ',') {
@@ -278,6 +277,8 @@ long json_string(const struct json_value *v, char *out, size_t cap)
                 out[n] = c;
             n++;
         } else {
+            if (p == end)
+                return -1; /* not from the reader: a lone backslash at the end */
             c = *p++;
             if (c == 'u') {
                 unsigned cp;

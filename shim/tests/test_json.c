@@ -134,6 +134,8 @@ int main(void)
     struct json_value s4 = {JSON_STRING, "abcdefgh", 8};
     CHECK(json_string(&s4, small, sizeof small) == 8 && !strcmp(small, "abcde"));
     CHECK(json_string(&s4, NULL, 0) == 8);
+    struct json_value lone = {JSON_STRING, "ab\\", 3};
+    CHECK(json_string(&lone, small, sizeof small) == -1);
     PASS("json strings");
 
     /* malformed: not one object */
