@@ -1,7 +1,7 @@
 # Builds the C parts; each also builds on its own with `make -C shim` / `make -C spank`.
 PREFIX ?= /opt/gpucr-hpc
 
-.PHONY: all shim spank install install-helper clean
+.PHONY: all shim spank check install install-helper clean
 all: shim spank
 
 shim:
@@ -9,6 +9,12 @@ shim:
 
 spank:
 	$(MAKE) -C spank
+
+# What needs neither a GPU nor Slurm: the shim's C unit tests, and whether the
+# generated hook registry is current (skipped, with one line, without cuda.h).
+check:
+	$(MAKE) -C shim test
+	$(MAKE) -C shim check-generated
 
 # The site layout the test cluster uses too: $(PREFIX)/lib/gpucr/{libgpucr-cuda.so,spank_gpucr.so}.
 install: all install-helper

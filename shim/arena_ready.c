@@ -166,7 +166,7 @@ static void *ready_thread(void *arg)
     while (!(ctx = gpucr_any_context()))
         usleep(POLL_US);
     double t2 = gpucr_now();
-    if (mode != MODE_HELPER && D.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) {
+    if (mode != MODE_HELPER && gpucr_drv.cuCtxSetCurrent(ctx) == CUDA_SUCCESS) {
         if (gpucr_pin_arena)
             gpucr_arena_register_pending(gpucr_host_register);
         else

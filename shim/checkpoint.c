@@ -25,8 +25,8 @@
 
 #define MAX_CTX 16
 
-enum { ST_RUNNING, ST_CHECKPOINTED };
-static int state = ST_RUNNING;
+enum process_state { ST_RUNNING, ST_CHECKPOINTED };
+static enum process_state state = ST_RUNNING;
 static int state_cuda; /* the checkpoint moved GPU state */
 static int sync_busy;  /* a timed-out context sync still runs */
 static uint64_t last_bytes;
@@ -84,7 +84,7 @@ static void jb_data_path(struct jbuf *out, int helped, size_t n, const struct gp
 
 int gpucr_host_register(void *base, size_t size)
 {
-    return D.cuMemHostRegister_v2(base, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 0 : -1;
+    return gpucr_drv.cuMemHostRegister_v2(base, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 0 : -1;
 }
 
 int gpucr_checkpoint_running(void) { return __atomic_load_n(&state, __ATOMIC_RELAXED) == ST_RUNNING; }
@@ -115,7 +115,7 @@ static int refusal(char *why, size_t len)
     const struct u64map *ctxs = gpucr_set_map(SET_CTX);
     U64MAP_FOREACH(ctxs, i) {
         int v = 0;
-        if (D.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, (CUdevice)ctxs->vals[i]) == CUDA_SUCCESS && v)
+        if (gpucr_drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, (CUdevice)ctxs->vals[i]) == CUDA_SUCCESS && v)
             mps = 1;
     }
     gpucr_table_unlock();
@@ -153,9 +153,9 @@ static void *sync_thread(void *arg)
     struct sync_job *j = arg;
     CUresult rc = CUDA_SUCCESS;
     for (int i = 0; i < j->n && rc == CUDA_SUCCESS; i++) {
-        rc = D.cuCtxSetCurrent(j->ctx[i]);
+        rc = gpucr_drv.cuCtxSetCurrent(j->ctx[i]);
         if (rc == CUDA_SUCCESS)
-            rc = D.cuCtxSynchronize();
+            rc = gpucr_drv.cuCtxSynchronize();
     }
     pthread_mutex_lock(&j->mu);
     j->rc = rc;
@@ -220,11 +220,11 @@ static void trim_pools(void)
     const struct u64map *ctxs = gpucr_set_map(SET_CTX);
     U64MAP_FOREACH(ctxs, i) {
         CUmemoryPool pool;
-        if (D.cuDeviceGetDefaultMemPool && D.cuDeviceGetDefaultMemPool(&pool, (CUdevice)ctxs->vals[i]) == CUDA_SUCCESS)
-            D.cuMemPoolTrimTo(pool, 0);
+        if (gpucr_drv.cuDeviceGetDefaultMemPool && gpucr_drv.cuDeviceGetDefaultMemPool(&pool, (CUdevice)ctxs->vals[i]) == CUDA_SUCCESS)
+            gpucr_drv.cuMemPoolTrimTo(pool, 0);
     }
     const struct u64map *pools = gpucr_set_map(SET_POOLS);
-    U64MAP_FOREACH(pools, i) D.cuMemPoolTrimTo((CUmemoryPool)(uintptr_t)pools->keys[i], 0);
+    U64MAP_FOREACH(pools, i) gpucr_drv.cuMemPoolTrimTo((CUmemoryPool)(uintptr_t)pools->keys[i], 0);
     gpucr_table_unlock();
 }
 
@@ -267,8 +267,8 @@ static void unmap_dropped(struct gpucr_map *m, void *arg)
 {
     CUresult *rc = arg;
     struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
-    if (p && p->host && !p->dropped) {
-        CUresult r = D.cuMemUnmap(m->va, m->size);
+    if (p && p->host && p->dropped == PHYS_RESIDENT) {
+        CUresult r = gpucr_drv.cuMemUnmap(m->va, m->size);
         if (r != CUDA_SUCCESS && *rc == CUDA_SUCCESS)
             *rc = r;
     }
@@ -278,11 +278,11 @@ static void remap(struct gpucr_map *m, void *arg)
 {
     CUresult *rc = arg;
     struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
-    if (!p || p->dropped != 2 || *rc != CUDA_SUCCESS)
+    if (!p || p->dropped != PHYS_REFILLING || *rc != CUDA_SUCCESS)
         return;
-    CUresult r = D.cuMemMap(m->va, m->size, m->offset, p->rhandle, 0);
+    CUresult r = gpucr_drv.cuMemMap(m->va, m->size, m->offset, p->rhandle, 0);
     if (r == CUDA_SUCCESS && m->naccess)
-        r = D.cuMemSetAccess(m->va, m->size, (const CUmemAccessDesc *)m->access, (size_t)m->naccess);
+        r = gpucr_drv.cuMemSetAccess(m->va, m->size, (const CUmemAccessDesc *)m->access, (size_t)m->naccess);
     if (r != CUDA_SUCCESS)
         *rc = r;
 }
@@ -291,30 +291,30 @@ static void undo_remap(struct gpucr_map *m, void *arg)
 {
     (void)arg;
     struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
-    if (p && p->dropped == 2)
-        D.cuMemUnmap(m->va, m->size); /* fails harmlessly where it was not mapped */
+    if (p && p->dropped == PHYS_REFILLING)
+        gpucr_drv.cuMemUnmap(m->va, m->size); /* fails harmlessly where it was not mapped */
 }
 
 /* A temporary mapping for a physical allocation that is not mapped whole. */
 static CUresult scratch_map(struct gpucr_phys *p)
 {
     CUdeviceptr va = 0;
-    CUresult r = D.cuMemAddressReserve(&va, p->size, 0, 0, 0);
+    CUresult r = gpucr_drv.cuMemAddressReserve(&va, p->size, 0, 0, 0);
     if (r != CUDA_SUCCESS)
         return r;
-    r = D.cuMemMap(va, p->size, 0, p->rhandle, 0);
+    r = gpucr_drv.cuMemMap(va, p->size, 0, p->rhandle, 0);
     if (r == CUDA_SUCCESS) {
         CUmemAccessDesc acc;
         memset(&acc, 0, sizeof acc);
         acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         acc.location.id = p->device;
         acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        r = D.cuMemSetAccess(va, p->size, &acc, 1);
+        r = gpucr_drv.cuMemSetAccess(va, p->size, &acc, 1);
         if (r != CUDA_SUCCESS)
-            D.cuMemUnmap(va, p->size);
+            gpucr_drv.cuMemUnmap(va, p->size);
     }
     if (r != CUDA_SUCCESS) {
-        D.cuMemAddressFree(va, p->size);
+        gpucr_drv.cuMemAddressFree(va, p->size);
         return r;
     }
     p->copy_va = va;
@@ -326,8 +326,8 @@ static void scratch_unmap(struct gpucr_phys *p)
 {
     if (!p->scratch)
         return;
-    D.cuMemUnmap(p->copy_va, p->size);
-    D.cuMemAddressFree(p->copy_va, p->size);
+    gpucr_drv.cuMemUnmap(p->copy_va, p->size);
+    gpucr_drv.cuMemAddressFree(p->copy_va, p->size);
     p->scratch = 0;
     p->copy_va = 0;
 }
@@ -342,7 +342,7 @@ static void put_blob(struct gpucr_phys *p, void *arg)
 {
     struct blob_list *b = arg;
     char key[24];
-    if (!p->host || p->dropped != 1)
+    if (!p->host || p->dropped != PHYS_DROPPED)
         return;
     snprintf(key, sizeof key, "%d", b->n++);
     jb_key_obj(b->out, key);
@@ -371,13 +371,13 @@ static void put_blobs(struct jbuf *out)
 static void put_device_uuids(struct jbuf *out)
 {
     int n = 0;
-    if (!D.cuDeviceGetCount || !D.cuDeviceGet || !D.cuDeviceGetUuid_v2 || D.cuDeviceGetCount(&n) != CUDA_SUCCESS)
+    if (!gpucr_drv.cuDeviceGetCount || !gpucr_drv.cuDeviceGet || !gpucr_drv.cuDeviceGetUuid_v2 || gpucr_drv.cuDeviceGetCount(&n) != CUDA_SUCCESS)
         return;
     jb_key_obj(out, "device_uuids");
     for (int i = 0; i < n; i++) {
         CUdevice dev;
         CUuuid u;
-        if (D.cuDeviceGet(&dev, i) != CUDA_SUCCESS || D.cuDeviceGetUuid_v2(&u, dev) != CUDA_SUCCESS)
+        if (gpucr_drv.cuDeviceGet(&dev, i) != CUDA_SUCCESS || gpucr_drv.cuDeviceGetUuid_v2(&u, dev) != CUDA_SUCCESS)
             break;
         const unsigned char *b = (const unsigned char *)u.bytes;
         char key[12], text[48];
@@ -402,7 +402,7 @@ static void clear_copy_state(struct gpucr_phys *p, void *arg)
 static void status_phys(struct gpucr_phys *p, void *arg)
 {
     uint64_t *acc = arg; /* [0] resident bytes, [1] checkpointed bytes */
-    if (p->dropped)
+    if (p->dropped != PHYS_RESIDENT)
         acc[1] += p->size;
     else
         acc[0] += p->size;
@@ -553,11 +553,11 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
         struct gpucr_phys *p = w.p[i];
         scratch_unmap(p);
         if (p->user_refs > 0 || (p->flags & PHYS_SHIM_OWNED)) {
-            CUresult r = D.cuMemRelease(p->rhandle);
+            CUresult r = gpucr_drv.cuMemRelease(p->rhandle);
             if (r != CUDA_SUCCESS && rc == CUDA_SUCCESS)
                 rc = r;
         }
-        p->dropped = 1;
+        p->dropped = PHYS_DROPPED;
     }
     size_t n = w.n;
     gpucr_table_unlock();
@@ -599,9 +599,9 @@ static void undo_restore(struct work *w)
         scratch_unmap(w->p[i]);
     gpucr_map_foreach(undo_remap, NULL);
     for (size_t i = 0; i < w->n; i++)
-        if (w->p[i]->dropped == 2) {
-            D.cuMemRelease(w->p[i]->rhandle);
-            w->p[i]->dropped = 1;
+        if (w->p[i]->dropped == PHYS_REFILLING) {
+            gpucr_drv.cuMemRelease(w->p[i]->rhandle);
+            w->p[i]->dropped = PHYS_DROPPED;
             if (w->p[i]->flags & PHYS_HELPER_HELD)
                 gpucr_helper_forget(w->p[i]); /* the helper's handle of it too */
         }
@@ -622,15 +622,15 @@ static const char *bring_back(struct work *w, int helper, struct gpucr_copy_stat
     }
     for (size_t i = 0; i < w->n && !fail && !helper; i++) {
         struct gpucr_phys *p = w->p[i];
-        if (!p->dropped)
+        if (p->dropped == PHYS_RESIDENT)
             continue;
         CUmemGenericAllocationHandle h;
         if ((*rc = gpucr_use_ctx(p->ctx)) != CUDA_SUCCESS ||
-            (*rc = D.cuMemCreate(&h, p->size, (const CUmemAllocationProp *)p->prop, p->create_flags)) != CUDA_SUCCESS)
+            (*rc = gpucr_drv.cuMemCreate(&h, p->size, (const CUmemAllocationProp *)p->prop, p->create_flags)) != CUDA_SUCCESS)
             fail = *rc == CUDA_ERROR_OUT_OF_MEMORY ? "not enough free GPU memory to restore" : "re-creating GPU memory failed";
         else {
             p->rhandle = h;
-            p->dropped = 2; /* re-created, not yet filled */
+            p->dropped = PHYS_REFILLING; /* re-created, not yet filled */
         }
     }
     if (!fail) {
@@ -694,8 +694,8 @@ int gpucr_cmd_restore(struct jbuf *out)
         struct gpucr_phys *p = w.p[i];
         scratch_unmap(p);
         if (p->user_refs == 0 && !(p->flags & PHYS_SHIM_OWNED))
-            D.cuMemRelease(p->rhandle); /* the application had released it */
-        p->dropped = 0;
+            gpucr_drv.cuMemRelease(p->rhandle); /* the application had released it */
+        p->dropped = PHYS_RESIDENT;
         p->host = NULL;
         p->copy_va = 0;
     }
@@ -741,7 +741,7 @@ void gpucr_cmd_prefill(struct jbuf *out)
 static int host_unregister(void *base, size_t size)
 {
     (void)size;
-    return D.cuMemHostUnregister(base) == CUDA_SUCCESS ? 0 : -1;
+    return gpucr_drv.cuMemHostUnregister(base) == CUDA_SUCCESS ? 0 : -1;
 }
 
 CUcontext gpucr_any_context(void)

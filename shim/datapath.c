@@ -104,8 +104,8 @@ static unsigned event_flags(void)
 CUresult gpucr_use_ctx(CUcontext ctx)
 {
     CUcontext cur = NULL;
-    D.cuCtxGetCurrent(&cur);
-    return cur == ctx ? CUDA_SUCCESS : D.cuCtxSetCurrent(ctx);
+    gpucr_drv.cuCtxGetCurrent(&cur);
+    return cur == ctx ? CUDA_SUCCESS : gpucr_drv.cuCtxSetCurrent(ctx);
 }
 
 static struct ctx_res *res_for(CUcontext ctx)
@@ -117,10 +117,10 @@ static struct ctx_res *res_for(CUcontext ctx)
         return NULL;
     struct ctx_res *r = &res[nres];
     for (int k = 0; k < NSTREAMS; k++)
-        if (D.cuStreamCreate(&r->s[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        if (gpucr_drv.cuStreamCreate(&r->s[k], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
             return NULL;
     for (int k = 0; k < MAX_SLOTS; k++)
-        if (D.cuEventCreate(&r->ev[k], event_flags()) != CUDA_SUCCESS)
+        if (gpucr_drv.cuEventCreate(&r->ev[k], event_flags()) != CUDA_SUCCESS)
             return NULL;
     r->ctx = ctx;
     nres++;
@@ -177,7 +177,7 @@ CUresult gpucr_staging_setup(void)
         int t = copy_threads();
         size_t sb = copy_slot_bytes();
         void *p = NULL;
-        r = D.cuMemHostAlloc(&p, (size_t)2 * t * sb, CU_MEMHOSTALLOC_PORTABLE);
+        r = gpucr_drv.cuMemHostAlloc(&p, (size_t)2 * t * sb, CU_MEMHOSTALLOC_PORTABLE);
         if (r == CUDA_SUCCESS) {
             slot_bytes = sb;
             nthreads = t;
@@ -218,7 +218,7 @@ static CUresult sync_all(void)
     for (int c = 0; c < nres; c++) {
         gpucr_use_ctx(res[c].ctx);
         for (int j = 0; j < NSTREAMS; j++) {
-            CUresult s = D.cuStreamSynchronize(res[c].s[j]);
+            CUresult s = gpucr_drv.cuStreamSynchronize(res[c].s[j]);
             if (r == CUDA_SUCCESS)
                 r = s;
         }
@@ -240,8 +240,8 @@ static CUresult copy_direct(struct gpucr_phys *const *ps, size_t n, int to_host)
         for (size_t off = 0; off < p->size && r == CUDA_SUCCESS; off += DIRECT_CHUNK) {
             size_t len = p->size - off < DIRECT_CHUNK ? p->size - off : DIRECT_CHUNK;
             CUstream s = cr->s[k++ % NSTREAMS];
-            r = to_host ? D.cuMemcpyDtoHAsync_v2((char *)p->host + off, p->copy_va + off, len, s)
-                        : D.cuMemcpyHtoDAsync_v2(p->copy_va + off, (char *)p->host + off, len, s);
+            r = to_host ? gpucr_drv.cuMemcpyDtoHAsync_v2((char *)p->host + off, p->copy_va + off, len, s)
+                        : gpucr_drv.cuMemcpyHtoDAsync_v2(p->copy_va + off, (char *)p->host + off, len, s);
         }
     }
     CUresult s = sync_all();
@@ -296,7 +296,7 @@ static void pipe_fail(struct pipe *pp, CUresult rc)
 static void *worker(void *arg)
 {
     struct pipe *pp = arg;
-    D.cuCtxSetCurrent(pp->ctx0);
+    gpucr_drv.cuCtxSetCurrent(pp->ctx0);
     pthread_mutex_lock(&pp->mu);
     while (!pp->abort && pp->next < pp->n) {
         size_t i = pp->next++;
@@ -310,7 +310,7 @@ static void *worker(void *arg)
         CUresult rc = CUDA_SUCCESS;
         if (wait_for) {
             const struct unit *w = &pp->u[wait_for - 1];
-            rc = D.cuEventSynchronize(w->r->ev[(wait_for - 1) % nslots]);
+            rc = gpucr_drv.cuEventSynchronize(w->r->ev[(wait_for - 1) % nslots]);
         }
         if (rc != CUDA_SUCCESS) {
             pipe_fail(pp, rc);
@@ -348,10 +348,10 @@ static CUresult bounce_issue(struct pipe *pp)
         struct unit *u = &pp->u[i];
         CUstream s = u->r->s[i % NSTREAMS];
         if ((rc = gpucr_use_ctx(u->r->ctx)) == CUDA_SUCCESS)
-            rc = pp->to_host ? D.cuMemcpyDtoHAsync_v2(slot_buf(i), u->dev, u->len, s)
-                             : D.cuMemcpyHtoDAsync_v2(u->dev, slot_buf(i), u->len, s);
+            rc = pp->to_host ? gpucr_drv.cuMemcpyDtoHAsync_v2(slot_buf(i), u->dev, u->len, s)
+                             : gpucr_drv.cuMemcpyHtoDAsync_v2(u->dev, slot_buf(i), u->len, s);
         if (rc == CUDA_SUCCESS)
-            rc = D.cuEventRecord(u->r->ev[i % nslots], s);
+            rc = gpucr_drv.cuEventRecord(u->r->ev[i % nslots], s);
         if (rc != CUDA_SUCCESS) {
             pipe_fail(pp, rc);
             break;

@@ -24,11 +24,6 @@ static int loaded; /* 1 ok, -1 failed */
 static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
 static __thread int loading;
 
-static const struct gpucr_hook *const lists[] = {
-    gpucr_hooks_gated, gpucr_hooks_alloc, gpucr_hooks_vmm, gpucr_hooks_async, gpucr_hooks_getproc,
-    gpucr_hooks_ipc,
-};
-
 static void resolve_real_dlsym(void)
 {
     if (!real_dlsym_fn)
@@ -58,17 +53,16 @@ static int load_locked(int only_if_present)
         return -1;
     }
     libcuda = h;
-#define GPUCR_RESOLVE(fn) D.fn = (__typeof__(D.fn))gpucr_real_dlsym(h, #fn);
+#define GPUCR_RESOLVE(fn) gpucr_drv.fn = (__typeof__(gpucr_drv.fn))gpucr_real_dlsym(h, #fn);
     GPUCR_DRIVER_FUNCS(GPUCR_RESOLVE)
 #undef GPUCR_RESOLVE
-    D.cuMemAllocAsync_ptsz = (__typeof__(D.cuMemAllocAsync_ptsz))gpucr_real_dlsym(h, "cuMemAllocAsync_ptsz");
-    D.cuMemAllocFromPoolAsync_ptsz =
-        (__typeof__(D.cuMemAllocFromPoolAsync_ptsz))gpucr_real_dlsym(h, "cuMemAllocFromPoolAsync_ptsz");
-    D.cuMemFreeAsync_ptsz = (__typeof__(D.cuMemFreeAsync_ptsz))gpucr_real_dlsym(h, "cuMemFreeAsync_ptsz");
-    D.cuGetProcAddress_v1 = (gpucr_pfn_getproc_v1)gpucr_real_dlsym(h, "cuGetProcAddress");
-    for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++)
-        for (const struct gpucr_hook *e = lists[l]; e->name; e++)
-            *e->real = gpucr_real_dlsym(h, e->name);
+    gpucr_drv.cuMemAllocAsync_ptsz = (__typeof__(gpucr_drv.cuMemAllocAsync_ptsz))gpucr_real_dlsym(h, "cuMemAllocAsync_ptsz");
+    gpucr_drv.cuMemAllocFromPoolAsync_ptsz =
+        (__typeof__(gpucr_drv.cuMemAllocFromPoolAsync_ptsz))gpucr_real_dlsym(h, "cuMemAllocFromPoolAsync_ptsz");
+    gpucr_drv.cuMemFreeAsync_ptsz = (__typeof__(gpucr_drv.cuMemFreeAsync_ptsz))gpucr_real_dlsym(h, "cuMemFreeAsync_ptsz");
+    gpucr_drv.cuGetProcAddress_v1 = (gpucr_pfn_getproc_v1)gpucr_real_dlsym(h, "cuGetProcAddress");
+    for (const struct gpucr_hook *e = gpucr_hooks; e->name; e++)
+        *e->real = gpucr_real_dlsym(h, e->name);
     loaded = 1;
     gpucr_log("driver loaded");
     gpucr_tstp_install(); /* a CUDA process: VRAM yield on SIGTSTP (suspend.c) */
@@ -96,10 +90,9 @@ void *gpucr_hook_for_real(void *real)
 {
     if (!real || loaded <= 0)
         return NULL;
-    for (size_t l = 0; l < sizeof lists / sizeof lists[0]; l++)
-        for (const struct gpucr_hook *e = lists[l]; e->name; e++)
-            if (*e->real == real || e->hook == real)
-                return e->hook;
+    for (const struct gpucr_hook *e = gpucr_hooks; e->name; e++)
+        if (*e->real == real || e->hook == real)
+            return e->hook;
     return NULL;
 }
 

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "json.h" /* the JSON reader and writer (jb_*) */
+
 #define GPUCR_EXPORT __attribute__((visibility("default")))
 
 /* ---- log.c ---------------------------------------------------------- */
@@ -59,6 +61,14 @@ enum {
     PHYS_HELPER_HELD = 8, /* made by the copy helper, which keeps a handle to it (helper.c) */
 };
 
+/* Where an allocation's memory is (gpucr_phys.dropped); checkpoint.c moves it
+ * RESIDENT -> DROPPED (checkpoint) -> REFILLING -> RESIDENT (restore). */
+enum gpucr_phys_state {
+    PHYS_RESIDENT = 0,  /* its physical memory is on the GPU */
+    PHYS_DROPPED = 1,   /* released by a checkpoint; the data is in the arena (host) */
+    PHYS_REFILLING = 2, /* re-created (or imported from the copy helper), not yet filled */
+};
+
 struct gpucr_phys {
     uint64_t vhandle, rhandle;
     size_t size;
@@ -72,7 +82,7 @@ struct gpucr_phys {
     uint64_t copy_va;  /* where the data path reads/writes it */
     int scratch;       /* copy_va is a temporary mapping */
     void *host;  /* arena copy while checkpointed */
-    int dropped; /* physical memory released by a checkpoint */
+    enum gpucr_phys_state dropped; /* physical memory released by a checkpoint? */
 };
 
 struct gpucr_map {
@@ -155,29 +165,13 @@ int gpucr_arena_locate(const void *host, int *seg, size_t *offset);
  * it is mapped): 0, or -1 when it has no open descriptor. */
 int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen);
 
-/* ---- protocol.c: JSON lines ----------------------------------------- */
+/* ---- protocol.c: the control requests (JSON lines, read with json.c) -- */
 struct gpucr_req {
     char cmd[32];
     long timeout_ms; /* -1 when absent */
     uint64_t id;     /* "id" of ipc_fd requests; 0 when absent */
 };
 int gpucr_req_parse(const char *line, struct gpucr_req *req); /* 0 ok, -1 bad */
-
-struct jbuf {
-    char *buf;
-    size_t len, cap;
-    int first; /* next member is the first of its object */
-};
-void jb_init(struct jbuf *j);
-void jb_free(struct jbuf *j);
-void jb_begin(struct jbuf *j);             /* { */
-void jb_end(struct jbuf *j);               /* } */
-void jb_key_obj(struct jbuf *j, const char *key); /* "key": { */
-void jb_str(struct jbuf *j, const char *key, const char *val);
-void jb_u64(struct jbuf *j, const char *key, uint64_t val);
-void jb_i64(struct jbuf *j, const char *key, int64_t val);
-void jb_f64(struct jbuf *j, const char *key, double val);
-void jb_bool(struct jbuf *j, const char *key, int val);
 
 /* ---- control.c: the per-process control socket ---------------------- */
 int gpucr_control_start(void);

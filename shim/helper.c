@@ -189,38 +189,42 @@ static int recv_msg(char *buf, size_t len, int *fds, int max, int *nfds)
 /* Sends json (+ fds) and waits for {"ok": true ...}; the reply in reply. */
 static int call(const char *json, const int *fds, int nfds, char *reply, size_t len, int *rfds, int rmax, int *rn)
 {
+    struct json_value ok;
     if (send_msg(json, fds, nfds) != 0 || recv_msg(reply, len, rfds, rmax, rn) != 0) {
         fail("%s", strerror(errno ? errno : EPIPE));
         disconnect();
         return -1;
     }
-    if (!strstr(reply, "\"ok\": true") && !strstr(reply, "\"ok\":true")) {
+    if (json_find(reply, "ok", &ok) != 1 || ok.type != JSON_TRUE) {
         fail("refused: %.200s", reply);
         return -1;
     }
     return 0;
 }
 
-/* Adds the helper's step timings in reply ("name_s": seconds, as Python's json
- * writes them) to st's, by name. */
+/* Adds the helper's step timings in reply ("name_s": seconds) to st's, by name. */
 static void add_steps(struct gpucr_copy_stats *st, const char *reply)
 {
-    for (const char *p = reply; (p = strstr(p, "_s\": ")) != NULL; p += 5) {
-        const char *k = p;
-        while (k > reply && k[-1] != '"')
-            k--;
-        size_t len = (size_t)(p + 2 - k);
+    struct json_reader r;
+    struct json_member m;
+    json_reader_init(&r, reply);
+    while (json_next(&r, &m) == 1) {
+        char name[sizeof st->steps[0].name];
+        double s;
+        long len = json_string(&m.key, name, sizeof name);
+        if (len < 2 || (size_t)len >= sizeof name || strcmp(name + len - 2, "_s") != 0 || json_number(&m.value, &s) != 0)
+            continue;
         int i = 0;
-        while (i < st->nsteps && (strlen(st->steps[i].name) != len || strncmp(st->steps[i].name, k, len) != 0))
+        while (i < st->nsteps && strcmp(st->steps[i].name, name) != 0)
             i++;
         if (i == st->nsteps) {
-            if (i == (int)(sizeof st->steps / sizeof st->steps[0]) || len >= sizeof st->steps[0].name)
+            if (i == (int)(sizeof st->steps / sizeof st->steps[0]))
                 continue;
-            snprintf(st->steps[i].name, sizeof st->steps[i].name, "%.*s", (int)len, k);
+            snprintf(st->steps[i].name, sizeof st->steps[i].name, "%s", name);
             st->steps[i].s = 0;
             st->nsteps++;
         }
-        st->steps[i].s += strtod(p + 5, NULL);
+        st->steps[i].s += s;
     }
 }
 
@@ -228,9 +232,16 @@ static void add_steps(struct gpucr_copy_stats *st, const char *reply)
 static int send_segment(int seg, int fd, size_t size, unsigned gen)
 {
     char msg[256], reply[1024];
+    struct jbuf j;
     if (sent_gen[seg] == gen + 1)
         return 0;
-    snprintf(msg, sizeof msg, "{\"cmd\": \"segment\", \"seg\": %d, \"size\": %zu, \"gen\": %u}", seg, size, gen);
+    jb_init_fixed(&j, msg, sizeof msg);
+    jb_begin(&j);
+    jb_str(&j, "cmd", "segment");
+    jb_i64(&j, "seg", seg);
+    jb_u64(&j, "size", size);
+    jb_u64(&j, "gen", gen);
+    jb_end(&j);
     if (call(msg, &fd, 1, reply, sizeof reply, NULL, 0, NULL) != 0)
         return -1;
     sent_gen[seg] = gen + 1;
@@ -267,7 +278,7 @@ static const char *uuid_of(int dev, int may_ask)
     if (dev < 0 || dev >= MAX_DEV)
         return NULL;
     CUuuid u;
-    if (!uuids[dev][0] && may_ask && D.cuDeviceGetUuid_v2 && D.cuDeviceGetUuid_v2(&u, dev) == CUDA_SUCCESS)
+    if (!uuids[dev][0] && may_ask && gpucr_drv.cuDeviceGetUuid_v2 && gpucr_drv.cuDeviceGetUuid_v2(&u, dev) == CUDA_SUCCESS)
         for (int k = 0; k < 16; k++)
             snprintf(uuids[dev] + 2 * k, 3, "%02x", (unsigned char)u.bytes[k]);
     return uuids[dev][0] ? uuids[dev] : NULL;
@@ -295,41 +306,56 @@ int gpucr_helper_share_arena(double *secs)
 }
 
 /* One blob as the helper reads it: [id, size, seg, offset, "device uuid", held]. */
-static int put_blob(char *buf, size_t len, size_t *at, const struct gpucr_phys *p, int may_ask)
+static int put_blob(struct jbuf *j, const struct gpucr_phys *p, int may_ask)
 {
     int seg;
     size_t off;
     const char *uuid = uuid_of(p->device, may_ask);
     if (!uuid || gpucr_arena_locate(p->host, &seg, &off) != 0)
         return -1;
-    int w = snprintf(buf + *at, len - *at, "%s[%llu, %zu, %d, %zu, \"%s\", %d]", *at && buf[*at - 1] != '[' ? ", " : "",
-                     (unsigned long long)p->vhandle, p->size, seg, off, uuid, (p->flags & PHYS_HELPER_HELD) != 0);
-    if (w < 0 || (size_t)w >= len - *at)
-        return -1;
-    *at += (size_t)w;
-    return 0;
+    jb_arr_begin(j);
+    jb_elem_u64(j, p->vhandle);
+    jb_elem_u64(j, p->size);
+    jb_elem_i64(j, seg);
+    jb_elem_u64(j, off);
+    jb_elem_str(j, uuid);
+    jb_elem_i64(j, (p->flags & PHYS_HELPER_HELD) != 0);
+    jb_arr_end(j);
+    return j->overflow ? -1 : 0;
 }
 
+/* {"cmd": cmd, "blobs": [blob, ...]} into buf. */
 static int blob_list(char *buf, size_t len, const char *cmd, struct gpucr_phys *const *p, size_t n)
 {
-    size_t at = (size_t)snprintf(buf, len, "{\"cmd\": \"%s\", \"blobs\": [", cmd);
+    struct jbuf j;
     int may_ask = strcmp(cmd, "prefill") != 0;
+    jb_init_fixed(&j, buf, len);
+    jb_begin(&j);
+    jb_str(&j, "cmd", cmd);
+    jb_key_arr(&j, "blobs");
     for (size_t i = 0; i < n; i++)
-        if (put_blob(buf, len, &at, p[i], may_ask) != 0) {
+        if (put_blob(&j, p[i], may_ask) != 0) {
             fail("allocation %zu: no device UUID or arena place", i);
             return -1;
         }
-    return snprintf(buf + at, len - at, "]}") < (int)(len - at) ? 0 : -1;
+    jb_arr_end(&j);
+    jb_end(&j);
+    return j.overflow ? -1 : 0;
 }
 
 /* Tells the helper to let go of its handle of p; no answer is sent back. */
 static void forget_locked(struct gpucr_phys *p)
 {
     char msg[96];
+    struct jbuf j;
     p->flags &= ~(unsigned)PHYS_HELPER_HELD;
     if (sock < 0)
         return; /* a new connection holds nothing */
-    snprintf(msg, sizeof msg, "{\"cmd\": \"forget\", \"id\": %llu}", (unsigned long long)p->vhandle);
+    jb_init_fixed(&j, msg, sizeof msg);
+    jb_begin(&j);
+    jb_str(&j, "cmd", "forget");
+    jb_u64(&j, "id", p->vhandle);
+    jb_end(&j);
     if (send_msg(msg, NULL, 0) != 0)
         disconnect(); /* the helper lets go of everything of a closed connection */
 }
@@ -358,7 +384,7 @@ CUresult gpucr_helper_out(struct gpucr_phys *const *p, size_t n, struct gpucr_co
             int fd = -1;
             if (p[b + i]->flags & PHYS_HELPER_HELD)
                 continue; /* the helper has its own handle */
-            if ((r = D.cuMemExportToShareableHandle(&fd, p[b + i]->rhandle,
+            if ((r = gpucr_drv.cuMemExportToShareableHandle(&fd, p[b + i]->rhandle,
                                                     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)) == CUDA_SUCCESS)
                 fds[made++] = fd;
         }
@@ -405,20 +431,25 @@ int gpucr_helper_prefill(struct gpucr_phys *const *p, size_t n)
  * their outcome. */
 static int in_done(int keep, struct gpucr_copy_stats *st)
 {
-    char reply[1024];
-    if (call(keep ? "{\"cmd\": \"in_done\", \"keep\": true}" : "{\"cmd\": \"in_done\", \"keep\": false}",
-             NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0)
+    char msg[64], reply[1024];
+    struct jbuf j;
+    jb_init_fixed(&j, msg, sizeof msg);
+    jb_begin(&j);
+    jb_str(&j, "cmd", "in_done");
+    jb_bool(&j, "keep", keep);
+    jb_end(&j);
+    if (call(msg, NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0)
         return -1;
     add_steps(st, reply);
     return 0;
 }
 
 /* The helper makes the allocations and starts filling them; this process
- * imports them (p[i]->rhandle, p[i]->dropped = 2) while the copies run, so the
+ * imports them (p[i]->rhandle, p[i]->dropped = PHYS_REFILLING) while the copies run, so the
  * caller can map them meanwhile. On success the caller must then call
  * gpucr_helper_in_wait(), which ends the exchange (the helper lock is held
  * until then, so nothing else talks to the helper in between). On failure
- * the helper has let go, and what was imported already (dropped 2) is the
+ * the helper has let go, and what was imported already (PHYS_REFILLING) is the
  * caller's to release, as after a failed gpucr_helper_in_wait(). */
 CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_copy_stats *st)
 {
@@ -439,10 +470,10 @@ CUresult gpucr_helper_in(struct gpucr_phys *const *p, size_t n, struct gpucr_cop
         for (int i = 0; i < got; i++) {
             CUmemGenericAllocationHandle h;
             if (r == CUDA_SUCCESS &&
-                (r = D.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[i],
+                (r = gpucr_drv.cuMemImportFromShareableHandle(&h, (void *)(uintptr_t)fds[i],
                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) == CUDA_SUCCESS) {
                 p[b + i]->rhandle = h;
-                p[b + i]->dropped = 2;
+                p[b + i]->dropped = PHYS_REFILLING;
             }
             close(fds[i]);
         }

@@ -13,32 +13,29 @@ struct gpucr_hook {
     void **real;
 };
 
-extern const struct gpucr_hook gpucr_hooks_gated[];
-extern const struct gpucr_hook gpucr_hooks_alloc[];
-extern const struct gpucr_hook gpucr_hooks_vmm[];
-extern const struct gpucr_hook gpucr_hooks_async[];
-extern const struct gpucr_hook gpucr_hooks_getproc[];
-extern const struct gpucr_hook gpucr_hooks_ipc[];
+/* Every hooked entry point, ended by {0}: hooks_registry.c, generated from
+ * cuda.h by tools/gen_hooks.py (make gen; make check-generated). */
+extern const struct gpucr_hook gpucr_hooks[];
 
 /* The real driver functions the shim itself calls (exported names). */
 typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuuint64_t);
-#define GPUCR_DRIVER_FUNCS(X)                                                    \
-    X(cuInit) X(cuDriverGetVersion) X(cuCtxGetCurrent) X(cuCtxSetCurrent)       \
-    X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuDeviceGetAttribute)               \
-    X(cuDeviceGetDefaultMemPool) X(cuStreamCreate) X(cuStreamSynchronize)       \
-    X(cuMemcpyDtoHAsync_v2) X(cuMemcpyHtoDAsync_v2) X(cuMemAddressReserve)      \
-    X(cuMemAddressFree) X(cuMemCreate) X(cuMemMap) X(cuMemUnmap) X(cuMemRelease) \
-    X(cuMemSetAccess) X(cuMemGetAllocationGranularity) X(cuMemHostRegister_v2)  \
-    X(cuMemHostUnregister) X(cuMemPoolTrimTo) X(cuMemRetainAllocationHandle)    \
-    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)           \
-    X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAlloc_v2) X(cuMemFree_v2)  \
-    X(cuMemAllocManaged) X(cuMemAllocAsync) X(cuMemAllocFromPoolAsync)          \
-    X(cuMemFreeAsync) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2)             \
-    X(cuIpcCloseMemHandle) X(cuMemPoolExportToShareableHandle)                  \
-    X(cuMemPoolImportFromShareableHandle) X(cuMemPoolExportPointer)             \
-    X(cuMemPoolImportPointer) X(cuGetProcAddress_v2) X(cuEventCreate)          \
-    X(cuEventRecord) X(cuEventSynchronize) X(cuMemHostAlloc) X(cuDeviceGetCount) \
-    X(cuDeviceGet) X(cuDeviceGetUuid_v2)
+#define GPUCR_DRIVER_FUNCS(ENTRY)                                                                    \
+    ENTRY(cuInit) ENTRY(cuDriverGetVersion) ENTRY(cuCtxGetCurrent) ENTRY(cuCtxSetCurrent)            \
+    ENTRY(cuCtxGetDevice) ENTRY(cuCtxSynchronize) ENTRY(cuDeviceGetAttribute)                        \
+    ENTRY(cuDeviceGetDefaultMemPool) ENTRY(cuStreamCreate) ENTRY(cuStreamSynchronize)                \
+    ENTRY(cuMemcpyDtoHAsync_v2) ENTRY(cuMemcpyHtoDAsync_v2) ENTRY(cuMemAddressReserve)               \
+    ENTRY(cuMemAddressFree) ENTRY(cuMemCreate) ENTRY(cuMemMap) ENTRY(cuMemUnmap) ENTRY(cuMemRelease) \
+    ENTRY(cuMemSetAccess) ENTRY(cuMemGetAllocationGranularity) ENTRY(cuMemHostRegister_v2)           \
+    ENTRY(cuMemHostUnregister) ENTRY(cuMemPoolTrimTo) ENTRY(cuMemRetainAllocationHandle)             \
+    ENTRY(cuMemExportToShareableHandle) ENTRY(cuMemImportFromShareableHandle)                        \
+    ENTRY(cuMemGetAllocationPropertiesFromHandle) ENTRY(cuMemAlloc_v2) ENTRY(cuMemFree_v2)           \
+    ENTRY(cuMemAllocManaged) ENTRY(cuMemAllocAsync) ENTRY(cuMemAllocFromPoolAsync)                   \
+    ENTRY(cuMemFreeAsync) ENTRY(cuIpcGetMemHandle) ENTRY(cuIpcOpenMemHandle_v2)                      \
+    ENTRY(cuIpcCloseMemHandle) ENTRY(cuMemPoolExportToShareableHandle)                               \
+    ENTRY(cuMemPoolImportFromShareableHandle) ENTRY(cuMemPoolExportPointer)                          \
+    ENTRY(cuMemPoolImportPointer) ENTRY(cuGetProcAddress_v2) ENTRY(cuEventCreate)                    \
+    ENTRY(cuEventRecord) ENTRY(cuEventSynchronize) ENTRY(cuMemHostAlloc) ENTRY(cuDeviceGetCount)     \
+    ENTRY(cuDeviceGet) ENTRY(cuDeviceGetUuid_v2)
 
 struct gpucr_driver {
 #define GPUCR_FIELD(fn) __typeof__(&fn) fn;
@@ -50,8 +47,7 @@ struct gpucr_driver {
     __typeof__(&cuMemFreeAsync) cuMemFreeAsync_ptsz;
     gpucr_pfn_getproc_v1 cuGetProcAddress_v1;
 };
-extern struct gpucr_driver gpucr_drv;
-#define D gpucr_drv
+extern struct gpucr_driver gpucr_drv; /* resolved by gpucr_driver_load() */
 
 int gpucr_driver_load(void);   /* 0 once libcuda is loaded and resolved */
 int gpucr_driver_loaded(void); /* the process has used the driver through the shim */

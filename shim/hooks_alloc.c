@@ -20,7 +20,7 @@ void gpucr_note_context(void)
 {
     CUcontext ctx = NULL;
     CUdevice dev = 0;
-    if (D.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || D.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+    if (gpucr_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || gpucr_drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
         return;
     gpucr_table_lock();
     gpucr_set_put(SET_CTX, (uint64_t)(uintptr_t)ctx, (uint64_t)dev);
@@ -33,7 +33,7 @@ static int device_has_vmm(CUdevice dev)
         return 0;
     if (!vmm_ok[dev]) {
         int v = 0;
-        D.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+        gpucr_drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
         vmm_ok[dev] = v ? 1 : -1;
     }
     return vmm_ok[dev] > 0;
@@ -46,7 +46,7 @@ static int device_has_fd_export(CUdevice dev)
 {
     if (!fd_ok[dev]) {
         int v = 0;
-        D.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+        gpucr_drv.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
         fd_ok[dev] = v ? 1 : -1;
     }
     return fd_ok[dev] > 0;
@@ -58,8 +58,8 @@ static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes, int *fallback)
     CUcontext ctx = NULL;
     CUdevice dev = 0;
     *fallback = 1;
-    if (!gpucr_vmm_backing || bytes == 0 || D.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
-        D.cuCtxGetDevice(&dev) != CUDA_SUCCESS || !device_has_vmm(dev))
+    if (!gpucr_vmm_backing || bytes == 0 || gpucr_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+        gpucr_drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS || !device_has_vmm(dev))
         return CUDA_SUCCESS;
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
@@ -69,19 +69,19 @@ static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes, int *fallback)
     if (device_has_fd_export(dev))
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     size_t gran = 0;
-    if (D.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !gran)
+    if (gpucr_drv.cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !gran)
         return CUDA_SUCCESS;
     size_t size = (bytes + gran - 1) / gran * gran;
     CUdeviceptr va = 0;
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = D.cuMemAddressReserve(&va, size, 0, 0, 0);
+    CUresult r = gpucr_drv.cuMemAddressReserve(&va, size, 0, 0, 0);
     if (r != CUDA_SUCCESS)
         return CUDA_SUCCESS;
-    r = D.cuMemCreate(&h, size, &prop, 0);
+    r = gpucr_drv.cuMemCreate(&h, size, &prop, 0);
     if (r != CUDA_SUCCESS && r != CUDA_ERROR_OUT_OF_MEMORY && prop.requestedHandleTypes) {
         fd_ok[dev] = -1; /* no exportable memory here: plain VMM still serves */
         prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
-        r = D.cuMemCreate(&h, size, &prop, 0);
+        r = gpucr_drv.cuMemCreate(&h, size, &prop, 0);
     }
     if (r != CUDA_SUCCESS) {
         /* out of memory is the answer; anything else: VMM does not serve here */
@@ -93,14 +93,14 @@ static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes, int *fallback)
         goto free_va;
     }
     *fallback = 0;
-    r = D.cuMemMap(va, size, 0, h, 0);
+    r = gpucr_drv.cuMemMap(va, size, 0, h, 0);
     if (r != CUDA_SUCCESS)
         goto release;
     CUmemAccessDesc acc;
     memset(&acc, 0, sizeof acc);
     acc.location = prop.location;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    r = D.cuMemSetAccess(va, size, &acc, 1);
+    r = gpucr_drv.cuMemSetAccess(va, size, &acc, 1);
     if (r != CUDA_SUCCESS)
         goto unmap;
     gpucr_table_lock();
@@ -125,11 +125,11 @@ static CUresult vmm_alloc(CUdeviceptr *dptr, size_t bytes, int *fallback)
     *dptr = va;
     return CUDA_SUCCESS;
 unmap:
-    D.cuMemUnmap(va, size);
+    gpucr_drv.cuMemUnmap(va, size);
 release:
-    D.cuMemRelease(h);
+    gpucr_drv.cuMemRelease(h);
 free_va:
-    D.cuMemAddressFree(va, size);
+    gpucr_drv.cuMemAddressFree(va, size);
     return r;
 }
 
@@ -140,7 +140,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     int fallback;
     CUresult r = vmm_alloc(dptr, bytesize, &fallback);
     if (fallback)
-        r = D.cuMemAlloc_v2(dptr, bytesize);
+        r = gpucr_drv.cuMemAlloc_v2(dptr, bytesize);
     gpucr_gate_exit();
     return r;
 }
@@ -164,16 +164,16 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
         gpucr_table_unlock();
         if (exported)
             gpucr_ipc_forget(vh);
-        D.cuCtxSynchronize(); /* cuMemFree waits for work using the memory */
-        D.cuMemUnmap(dptr, size);
-        D.cuMemRelease(rh);
-        r = D.cuMemAddressFree(dptr, size);
+        gpucr_drv.cuCtxSynchronize(); /* cuMemFree waits for work using the memory */
+        gpucr_drv.cuMemUnmap(dptr, size);
+        gpucr_drv.cuMemRelease(rh);
+        r = gpucr_drv.cuMemAddressFree(dptr, size);
     } else {
         gpucr_set_take(SET_MANAGED, dptr, NULL);
         gpucr_set_take(SET_ASYNC, dptr, NULL);
         gpucr_set_take(SET_IPC_LEGACY, dptr, NULL);
         gpucr_table_unlock();
-        r = D.cuMemFree_v2(dptr);
+        r = gpucr_drv.cuMemFree_v2(dptr);
     }
     gpucr_gate_exit();
     return r;
@@ -183,7 +183,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesi
 {
     GPUCR_LOAD_OR_FAIL();
     gpucr_gate_enter();
-    CUresult r = D.cuMemAllocManaged(dptr, bytesize, flags);
+    CUresult r = gpucr_drv.cuMemAllocManaged(dptr, bytesize, flags);
     if (r == CUDA_SUCCESS) {
         gpucr_table_lock();
         gpucr_set_put(SET_MANAGED, *dptr, bytesize);
@@ -192,11 +192,3 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesi
     gpucr_gate_exit();
     return r;
 }
-
-static void *r_alloc, *r_free, *r_managed;
-const struct gpucr_hook gpucr_hooks_alloc[] = {
-    {"cuMemAlloc_v2", (void *)cuMemAlloc_v2, &r_alloc},
-    {"cuMemFree_v2", (void *)cuMemFree_v2, &r_free},
-    {"cuMemAllocManaged", (void *)cuMemAllocManaged, &r_managed},
-    {0, 0, 0},
-};

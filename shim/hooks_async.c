@@ -75,12 +75,12 @@ static void untrack(uint64_t ptr)
         return r;                                                             \
     }
 
-ALLOC_ASYNC(cuMemAllocAsync, D.cuMemAllocAsync)
-ALLOC_ASYNC(cuMemAllocAsync_ptsz, D.cuMemAllocAsync_ptsz)
-ALLOC_POOL(cuMemAllocFromPoolAsync, D.cuMemAllocFromPoolAsync)
-ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz, D.cuMemAllocFromPoolAsync_ptsz)
-FREE_ASYNC(cuMemFreeAsync, D.cuMemFreeAsync)
-FREE_ASYNC(cuMemFreeAsync_ptsz, D.cuMemFreeAsync_ptsz)
+ALLOC_ASYNC(cuMemAllocAsync, gpucr_drv.cuMemAllocAsync)
+ALLOC_ASYNC(cuMemAllocAsync_ptsz, gpucr_drv.cuMemAllocAsync_ptsz)
+ALLOC_POOL(cuMemAllocFromPoolAsync, gpucr_drv.cuMemAllocFromPoolAsync)
+ALLOC_POOL(cuMemAllocFromPoolAsync_ptsz, gpucr_drv.cuMemAllocFromPoolAsync_ptsz)
+FREE_ASYNC(cuMemFreeAsync, gpucr_drv.cuMemFreeAsync)
+FREE_ASYNC(cuMemFreeAsync_ptsz, gpucr_drv.cuMemFreeAsync_ptsz)
 
 static void mark_shared(void)
 {
@@ -94,7 +94,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemPoolExportToShareableHandle(void *handle_out,
                                                                unsigned long long flags)
 {
     GPUCR_LOAD_OR_FAIL();
-    CUresult r = D.cuMemPoolExportToShareableHandle(handle_out, pool, handleType, flags);
+    CUresult r = gpucr_drv.cuMemPoolExportToShareableHandle(handle_out, pool, handleType, flags);
     if (r == CUDA_SUCCESS)
         mark_shared();
     return r;
@@ -105,7 +105,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *p
                                                                  unsigned long long flags)
 {
     GPUCR_LOAD_OR_FAIL();
-    CUresult r = D.cuMemPoolImportFromShareableHandle(pool_out, handle, handleType, flags);
+    CUresult r = gpucr_drv.cuMemPoolImportFromShareableHandle(pool_out, handle, handleType, flags);
     if (r == CUDA_SUCCESS)
         mark_shared();
     return r;
@@ -114,7 +114,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *p
 GPUCR_EXPORT CUresult CUDAAPI cuMemPoolExportPointer(CUmemPoolPtrExportData *shareData_out, CUdeviceptr ptr)
 {
     GPUCR_LOAD_OR_FAIL();
-    CUresult r = D.cuMemPoolExportPointer(shareData_out, ptr);
+    CUresult r = gpucr_drv.cuMemPoolExportPointer(shareData_out, ptr);
     if (r == CUDA_SUCCESS)
         mark_shared();
     return r;
@@ -124,23 +124,8 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemPoolImportPointer(CUdeviceptr *ptr_out, CUmem
                                                      CUmemPoolPtrExportData *shareData)
 {
     GPUCR_LOAD_OR_FAIL();
-    CUresult r = D.cuMemPoolImportPointer(ptr_out, pool, shareData);
+    CUresult r = gpucr_drv.cuMemPoolImportPointer(ptr_out, pool, shareData);
     if (r == CUDA_SUCCESS)
         mark_shared();
     return r;
 }
-
-static void *r1, *r2, *r3, *r4, *r5, *r6, *r7, *r8, *r9, *r10;
-const struct gpucr_hook gpucr_hooks_async[] = {
-    {"cuMemAllocAsync", (void *)cuMemAllocAsync, &r1},
-    {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz, &r2},
-    {"cuMemAllocFromPoolAsync", (void *)cuMemAllocFromPoolAsync, &r3},
-    {"cuMemAllocFromPoolAsync_ptsz", (void *)cuMemAllocFromPoolAsync_ptsz, &r4},
-    {"cuMemFreeAsync", (void *)cuMemFreeAsync, &r5},
-    {"cuMemFreeAsync_ptsz", (void *)cuMemFreeAsync_ptsz, &r6},
-    {"cuMemPoolExportToShareableHandle", (void *)cuMemPoolExportToShareableHandle, &r7},
-    {"cuMemPoolImportFromShareableHandle", (void *)cuMemPoolImportFromShareableHandle, &r8},
-    {"cuMemPoolExportPointer", (void *)cuMemPoolExportPointer, &r9},
-    {"cuMemPoolImportPointer", (void *)cuMemPoolImportPointer, &r10},
-    {0, 0, 0},
-};

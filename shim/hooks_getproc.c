@@ -18,9 +18,9 @@ GPUCR_EXPORT CUresult CUDAAPI cuGetProcAddress_v2(const char *symbol, void **pfn
                                                   cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
     GPUCR_LOAD_OR_FAIL();
-    if (!D.cuGetProcAddress_v2)
+    if (!gpucr_drv.cuGetProcAddress_v2)
         return CUDA_ERROR_NOT_SUPPORTED;
-    CUresult r = D.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, status);
+    CUresult r = gpucr_drv.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, status);
     if (r == CUDA_SUCCESS)
         swap_in(pfn);
     return r;
@@ -31,20 +31,13 @@ GPUCR_EXPORT CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, i
 {
     GPUCR_LOAD_OR_FAIL();
     CUresult r;
-    if (D.cuGetProcAddress_v1)
-        r = D.cuGetProcAddress_v1(symbol, pfn, cudaVersion, flags);
-    else if (D.cuGetProcAddress_v2)
-        r = D.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
+    if (gpucr_drv.cuGetProcAddress_v1)
+        r = gpucr_drv.cuGetProcAddress_v1(symbol, pfn, cudaVersion, flags);
+    else if (gpucr_drv.cuGetProcAddress_v2)
+        r = gpucr_drv.cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, NULL);
     else
         return CUDA_ERROR_NOT_SUPPORTED;
     if (r == CUDA_SUCCESS)
         swap_in(pfn);
     return r;
 }
-
-static void *real_v1, *real_v2;
-const struct gpucr_hook gpucr_hooks_getproc[] = {
-    {"cuGetProcAddress", (void *)cuGetProcAddress, &real_v1},
-    {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2, &real_v2},
-    {0, 0, 0},
-};

@@ -20,10 +20,10 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, 
     GPUCR_LOAD_OR_FAIL();
     gpucr_gate_enter();
     CUmemGenericAllocationHandle rh = 0;
-    CUresult r = D.cuMemCreate(&rh, size, prop, flags);
+    CUresult r = gpucr_drv.cuMemCreate(&rh, size, prop, flags);
     if (r == CUDA_SUCCESS) {
         CUcontext ctx = NULL;
-        D.cuCtxGetCurrent(&ctx);
+        gpucr_drv.cuCtxGetCurrent(&ctx);
         gpucr_table_lock();
         struct gpucr_phys *p = gpucr_phys_add(rh, size);
         if (p) {
@@ -53,11 +53,11 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
     uint64_t rh = real_of(handle, &p);
     if (!p) {
         gpucr_table_unlock();
-        r = D.cuMemRelease(handle);
+        r = gpucr_drv.cuMemRelease(handle);
     } else {
         if (--p->user_refs <= 0) {
             p->user_refs = 0;
-            r = D.cuMemRelease(rh);
+            r = gpucr_drv.cuMemRelease(rh);
             if (p->nmaps == 0)
                 gpucr_phys_del(handle);
         }
@@ -76,7 +76,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offs
     gpucr_table_lock();
     uint64_t rh = real_of(handle, &p);
     gpucr_table_unlock();
-    CUresult r = D.cuMemMap(ptr, size, offset, rh, flags);
+    CUresult r = gpucr_drv.cuMemMap(ptr, size, offset, rh, flags);
     if (r == CUDA_SUCCESS && p) {
         gpucr_table_lock();
         gpucr_map_add(ptr, size, offset, handle);
@@ -100,7 +100,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
     GPUCR_LOAD_OR_FAIL();
     gpucr_gate_enter();
-    CUresult r = D.cuMemUnmap(ptr, size);
+    CUresult r = gpucr_drv.cuMemUnmap(ptr, size);
     if (r == CUDA_SUCCESS) {
         gpucr_table_lock();
         gpucr_map_foreach_in(ptr, size, drop_map, NULL);
@@ -137,7 +137,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const
 {
     GPUCR_LOAD_OR_FAIL();
     gpucr_gate_enter();
-    CUresult r = D.cuMemSetAccess(ptr, size, desc, count);
+    CUresult r = gpucr_drv.cuMemSetAccess(ptr, size, desc, count);
     if (r == CUDA_SUCCESS) {
         struct access_arg a = {desc, count};
         gpucr_table_lock();
@@ -158,7 +158,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocation
 {
     GPUCR_LOAD_OR_FAIL();
     CUmemGenericAllocationHandle rh = 0;
-    CUresult r = D.cuMemRetainAllocationHandle(&rh, addr);
+    CUresult r = gpucr_drv.cuMemRetainAllocationHandle(&rh, addr);
     if (r != CUDA_SUCCESS)
         return r;
     struct find_arg f = {NULL};
@@ -168,7 +168,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocation
     if (p && p->rhandle == rh) {
         /* the shim holds one driver reference per tracked handle; count the
          * application's references itself */
-        D.cuMemRelease(rh);
+        gpucr_drv.cuMemRelease(rh);
         p->user_refs++;
         *handle = p->vhandle;
     } else {
@@ -185,7 +185,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemGetAllocationPropertiesFromHandle(CUmemAlloca
     gpucr_table_lock();
     uint64_t rh = real_of(handle, NULL);
     gpucr_table_unlock();
-    return D.cuMemGetAllocationPropertiesFromHandle(prop, rh);
+    return gpucr_drv.cuMemGetAllocationPropertiesFromHandle(prop, rh);
 }
 
 GPUCR_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle,
@@ -197,7 +197,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle
     gpucr_table_lock();
     uint64_t rh = real_of(handle, &p);
     gpucr_table_unlock();
-    CUresult r = D.cuMemExportToShareableHandle(shareableHandle, rh, handleType, flags);
+    CUresult r = gpucr_drv.cuMemExportToShareableHandle(shareableHandle, rh, handleType, flags);
     if (r == CUDA_SUCCESS) {
         gpucr_table_lock();
         if ((p = gpucr_phys_get(handle)))
@@ -215,7 +215,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocat
     GPUCR_LOAD_OR_FAIL();
     gpucr_gate_enter();
     CUmemGenericAllocationHandle rh = 0;
-    CUresult r = D.cuMemImportFromShareableHandle(&rh, osHandle, shHandleType);
+    CUresult r = gpucr_drv.cuMemImportFromShareableHandle(&rh, osHandle, shHandleType);
     if (r == CUDA_SUCCESS) {
         gpucr_table_lock();
         struct gpucr_phys *p = gpucr_phys_add(rh, 0);
@@ -232,17 +232,3 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocat
     gpucr_gate_exit();
     return r;
 }
-
-static void *r_create, *r_release, *r_map, *r_unmap, *r_access, *r_retain, *r_props, *r_export, *r_import;
-const struct gpucr_hook gpucr_hooks_vmm[] = {
-    {"cuMemCreate", (void *)cuMemCreate, &r_create},
-    {"cuMemRelease", (void *)cuMemRelease, &r_release},
-    {"cuMemMap", (void *)cuMemMap, &r_map},
-    {"cuMemUnmap", (void *)cuMemUnmap, &r_unmap},
-    {"cuMemSetAccess", (void *)cuMemSetAccess, &r_access},
-    {"cuMemRetainAllocationHandle", (void *)cuMemRetainAllocationHandle, &r_retain},
-    {"cuMemGetAllocationPropertiesFromHandle", (void *)cuMemGetAllocationPropertiesFromHandle, &r_props},
-    {"cuMemExportToShareableHandle", (void *)cuMemExportToShareableHandle, &r_export},
-    {"cuMemImportFromShareableHandle", (void *)cuMemImportFromShareableHandle, &r_import},
-    {0, 0, 0},
-};

@@ -71,7 +71,7 @@ static struct export *export_of(struct gpucr_phys *p, CUresult *rc)
         if (exports[i].vhandle == p->vhandle)
             return &exports[i];
     int fd = -1;
-    *rc = D.cuMemExportToShareableHandle(&fd, p->rhandle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    *rc = gpucr_drv.cuMemExportToShareableHandle(&fd, p->rhandle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (*rc != CUDA_SUCCESS)
         return NULL;
     if (grow((void **)&exports, &capexports, nexports, sizeof *exports) < 0) {
@@ -116,7 +116,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdevic
         return r;
     }
     gpucr_table_unlock();
-    CUresult r = D.cuIpcGetMemHandle(pHandle, dptr);
+    CUresult r = gpucr_drv.cuIpcGetMemHandle(pHandle, dptr);
     if (r == CUDA_SUCCESS) {
         gpucr_table_lock();
         gpucr_set_put(SET_IPC_LEGACY, dptr, 1);
@@ -169,8 +169,16 @@ static int fetch_fd(int32_t pid, uint32_t id)
     sa.sun_family = AF_UNIX;
     memcpy(sa.sun_path, path, strlen(path) + 1);
     char req[64];
-    int n = snprintf(req, sizeof req, "{\"cmd\":\"ipc_fd\",\"id\":%u}\n", id);
+    struct jbuf j;
+    jb_init_fixed(&j, req, sizeof req - 1);
+    jb_begin(&j);
+    jb_str(&j, "cmd", "ipc_fd");
+    jb_u64(&j, "id", id);
+    jb_end(&j);
+    req[j.len++] = '\n'; /* one request line */
+    ssize_t n = (ssize_t)j.len;
     int fd = -1;
+    struct json_value ok;
     if (connect(s, (struct sockaddr *)&sa, sizeof sa) == 0 && send(s, req, (size_t)n, MSG_NOSIGNAL) == n) {
         char buf[256];
         size_t have = 0;
@@ -197,7 +205,10 @@ static int fetch_fd(int32_t pid, uint32_t id)
             have += (size_t)got;
         }
         buf[have] = 0;
-        if (fd >= 0 && !strstr(buf, "\"ok\": true") && !strstr(buf, "\"ok\":true")) {
+        char *nl = memchr(buf, '\n', have);
+        if (nl)
+            *nl = 0; /* the answer line */
+        if (fd >= 0 && (json_find(buf, "ok", &ok) != 1 || ok.type != JSON_TRUE)) {
             close(fd);
             fd = -1;
         }
@@ -211,7 +222,7 @@ static CUresult open_shim_handle(CUdeviceptr *pdptr, const struct shim_handle *h
     if (h->pid == (int32_t)getpid())
         return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: not in the exporting process */
     CUdevice dev = 0;
-    CUresult r = D.cuCtxGetDevice(&dev);
+    CUresult r = gpucr_drv.cuCtxGetDevice(&dev);
     if (r != CUDA_SUCCESS)
         return r;
     int fd = fetch_fd(h->pid, h->id);
@@ -220,21 +231,21 @@ static CUresult open_shim_handle(CUdeviceptr *pdptr, const struct shim_handle *h
         return CUDA_ERROR_INVALID_HANDLE;
     }
     CUmemGenericAllocationHandle rh = 0;
-    r = D.cuMemImportFromShareableHandle(&rh, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    r = gpucr_drv.cuMemImportFromShareableHandle(&rh, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     close(fd);
     if (r != CUDA_SUCCESS)
         return r;
     CUdeviceptr va = 0;
-    if ((r = D.cuMemAddressReserve(&va, h->size, 0, 0, 0)) != CUDA_SUCCESS)
+    if ((r = gpucr_drv.cuMemAddressReserve(&va, h->size, 0, 0, 0)) != CUDA_SUCCESS)
         goto release;
-    if ((r = D.cuMemMap(va, h->size, 0, rh, 0)) != CUDA_SUCCESS)
+    if ((r = gpucr_drv.cuMemMap(va, h->size, 0, rh, 0)) != CUDA_SUCCESS)
         goto free_va;
     CUmemAccessDesc acc;
     memset(&acc, 0, sizeof acc);
     acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     acc.location.id = dev;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if ((r = D.cuMemSetAccess(va, h->size, &acc, 1)) != CUDA_SUCCESS)
+    if ((r = gpucr_drv.cuMemSetAccess(va, h->size, &acc, 1)) != CUDA_SUCCESS)
         goto unmap;
     pthread_mutex_lock(&mu);
     if (grow((void **)&imports, &capimports, nimports, sizeof *imports) < 0) {
@@ -247,11 +258,11 @@ static CUresult open_shim_handle(CUdeviceptr *pdptr, const struct shim_handle *h
     *pdptr = va;
     return CUDA_SUCCESS;
 unmap:
-    D.cuMemUnmap(va, h->size);
+    gpucr_drv.cuMemUnmap(va, h->size);
 free_va:
-    D.cuMemAddressFree(va, h->size);
+    gpucr_drv.cuMemAddressFree(va, h->size);
 release:
-    D.cuMemRelease(rh);
+    gpucr_drv.cuMemRelease(rh);
     return r;
 }
 
@@ -265,7 +276,7 @@ GPUCR_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMem
     if (!memcmp(h.magic, MAGIC, sizeof h.magic))
         r = open_shim_handle(pdptr, &h);
     else
-        r = D.cuIpcOpenMemHandle_v2(pdptr, handle, flags);
+        r = gpucr_drv.cuIpcOpenMemHandle_v2(pdptr, handle, flags);
     if (r == CUDA_SUCCESS) {
         gpucr_table_lock();
         gpucr_set_put(SET_IPC_OPENED, *pdptr, 1);
@@ -290,12 +301,12 @@ GPUCR_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     pthread_mutex_unlock(&mu);
     CUresult r;
     if (im.va) {
-        D.cuCtxSynchronize(); /* as cuIpcCloseMemHandle: work using it is done */
-        r = D.cuMemUnmap(im.va, im.size);
-        D.cuMemAddressFree(im.va, im.size);
-        D.cuMemRelease(im.rhandle);
+        gpucr_drv.cuCtxSynchronize(); /* as cuIpcCloseMemHandle: work using it is done */
+        r = gpucr_drv.cuMemUnmap(im.va, im.size);
+        gpucr_drv.cuMemAddressFree(im.va, im.size);
+        gpucr_drv.cuMemRelease(im.rhandle);
     } else {
-        r = D.cuIpcCloseMemHandle(dptr);
+        r = gpucr_drv.cuIpcCloseMemHandle(dptr);
     }
     if (r == CUDA_SUCCESS) {
         gpucr_table_lock();
@@ -305,11 +316,3 @@ GPUCR_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     gpucr_gate_exit();
     return r;
 }
-
-static void *r_ipcget, *r_ipcopen, *r_ipcclose;
-const struct gpucr_hook gpucr_hooks_ipc[] = {
-    {"cuIpcGetMemHandle", (void *)cuIpcGetMemHandle, &r_ipcget},
-    {"cuIpcOpenMemHandle_v2", (void *)cuIpcOpenMemHandle_v2, &r_ipcopen},
-    {"cuIpcCloseMemHandle", (void *)cuIpcCloseMemHandle, &r_ipcclose},
-    {0, 0, 0},
-};

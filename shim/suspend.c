@@ -109,8 +109,9 @@ static void stop_self(void)
 /* "error":"..." of a reply, cut at the first ';' (the rest says "it keeps running"). */
 static void reply_error(const struct jbuf *j, char *why, size_t len)
 {
-    const char *e = j->buf ? strstr(j->buf, "\"error\": \"") : NULL;
-    snprintf(why, len, "%s", e ? e + 10 : "unknown error");
+    struct json_value e;
+    if (!j->buf || json_find(j->buf, "error", &e) != 1 || json_string(&e, why, len) < 0)
+        snprintf(why, len, "%s", "unknown error");
     char *end = strpbrk(why, ";\"");
     if (end)
         *end = 0;

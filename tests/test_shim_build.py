@@ -7,15 +7,37 @@ import textwrap
 
 import pytest
 
-from shim_helpers import SHIM, SHIM_DIR, build_shim, shim_env
+from shim_helpers import CUDA_HOME, SHIM, SHIM_DIR, build_shim, shim_env
 
 
 def test_c_unit_tests():
     r = subprocess.run(["make", "-s", "-C", str(SHIM_DIR), "test"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("gate blocks new calls while closed", "gate close timeout reopens", "phys/map",
-                 "arena reuse", "arena growth", "parse", "dispatch", "fork"):
+                 "arena reuse", "arena growth", "parse", "dispatch", "fork",
+                 "json ok true/false", "json numbers", "json nested values ignored", "json strings",
+                 "json malformed input", "json writer arrays and fixed buffers"):
         assert f"ok {name}" in r.stdout
+
+
+def test_generated_hook_registry_is_current():
+    """hooks_registry.c is what tools/gen_hooks.py makes of this machine's cuda.h."""
+    cuda_h = CUDA_HOME / "include" / "cuda.h"
+    if not cuda_h.is_file():
+        pytest.skip(f"no cuda.h in {CUDA_HOME}/include: make check-generated cannot compare")
+    r = subprocess.run(["make", "-s", "-C", str(SHIM_DIR), f"CUDA_HOME={CUDA_HOME}", "check-generated"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    version = next(ln.split()[2] for ln in cuda_h.read_text().splitlines() if ln.startswith("#define CUDA_VERSION "))
+    assert f"(CUDA_VERSION {version})" in (SHIM_DIR / "hooks_registry.c").read_text().splitlines()[0]
+
+
+def test_check_generated_without_cuda_headers_is_one_skip_line():
+    r = subprocess.run(["make", "-s", "-C", str(SHIM_DIR), "CUDA_HOME=/nonexistent/cuda", "check-generated"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == ["check-generated: skipped: no cuda.h in /nonexistent/cuda/include"]
+    assert r.stderr == ""
 
 
 def test_missing_cuda_headers_fail_with_one_line():

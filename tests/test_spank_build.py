@@ -38,6 +38,25 @@ def test_builds_cleanly_and_installs(src, tmp_path):
     assert (tmp_path / "prefix" / "lib" / "gpucr" / "spank_gpucr.so").is_file()
 
 
+# What Slurm looks up in a SPANK plugin besides the hooks (SPANK_PLUGIN() defines all four).
+PLUGIN_SYMBOLS = {"plugin_name", "plugin_type", "plugin_version", "spank_plugin_version"}
+
+
+@pytest.mark.skipif(not HAVE_HEADERS, reason="slurm/spank.h not installed (libslurm-dev)")
+def test_exports_only_spank_hooks_and_plugin_symbols(src):
+    """spank_gpucr.lds: the gpucr_* helpers stay local to the plugin, so they can
+    clash with nothing else loaded into slurmd, slurmstepd or srun."""
+    res = make(src)
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = subprocess.run(["nm", "-D", "--defined-only", str(src / "spank_gpucr.so")],
+                         capture_output=True, text=True, check=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    extra = sorted(n for n in names if n not in PLUGIN_SYMBOLS and not n.startswith("slurm_spank_"))
+    assert extra == [], f"exported beyond the SPANK interface: {extra}"
+    assert PLUGIN_SYMBOLS <= names
+    assert {"slurm_spank_init", "slurm_spank_task_init", "slurm_spank_job_epilog"} <= names
+
+
 def test_missing_headers_one_clear_line(src, tmp_path):
     res = make(src, f"SLURM_INCLUDE={tmp_path / 'nowhere'}")
     assert res.returncode != 0

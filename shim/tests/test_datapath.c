@@ -145,16 +145,16 @@ static void fill(unsigned char *p, size_t n, unsigned seed)
 
 int main(void)
 {
-    D.cuCtxGetCurrent = f_get;
-    D.cuCtxSetCurrent = f_set;
-    D.cuStreamCreate = f_stream;
-    D.cuEventCreate = f_event;
-    D.cuEventRecord = f_record;
-    D.cuEventSynchronize = f_evsync;
-    D.cuStreamSynchronize = f_ssync;
-    D.cuMemcpyDtoHAsync_v2 = f_d2h;
-    D.cuMemcpyHtoDAsync_v2 = f_h2d;
-    D.cuMemHostAlloc = f_hostalloc;
+    gpucr_drv.cuCtxGetCurrent = f_get;
+    gpucr_drv.cuCtxSetCurrent = f_set;
+    gpucr_drv.cuStreamCreate = f_stream;
+    gpucr_drv.cuEventCreate = f_event;
+    gpucr_drv.cuEventRecord = f_record;
+    gpucr_drv.cuEventSynchronize = f_evsync;
+    gpucr_drv.cuStreamSynchronize = f_ssync;
+    gpucr_drv.cuMemcpyDtoHAsync_v2 = f_d2h;
+    gpucr_drv.cuMemcpyHtoDAsync_v2 = f_h2d;
+    gpucr_drv.cuMemHostAlloc = f_hostalloc;
 
     /* allocation sizes around the slot size (GPUCR_SLOT = 4096 here) */
     size_t sizes[] = {1, 4096, 4097, 3 * 4096 - 1, 100000, 64 * 4096, 12345, 8192};
