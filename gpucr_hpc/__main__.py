@@ -1,3 +1,3 @@
-from gpucr_hpc.cli import main
+from gpucr_hpc.cli.main import main
 
 main()

@@ -9,12 +9,12 @@ round measures, in an order that rotates every round (a virtual disk's rate
 drifts from minute to minute, and measuring one thing after the other would
 compare minutes):
   fs_write_K        a plain N GiB file written by K streams, fsync'd (fs_rates)
-  save              the arena written as an image with gpu_image.save_process
+  save              the arena written as an image with gpu_data.save_process
                     (block sha256s, fsync), as a migration's drain writes it
   fs_read[_direct]_K  the plain file read by K streams, page cache dropped,
                     through the page cache or with O_DIRECT
   load_HOW:W        the image read back with its block digests checked
-                    (gpu_image.load_process), W threads, through the page
+                    (gpu_data.load_process), W threads, through the page
                     cache (cached) or with O_DIRECT (direct)
 Each image figure's ratio is against the fastest file system figure of the
 same kind in its own round. Prints JSON after every round; no thresholds.
@@ -40,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from gpucr_hpc import gpu_image, image_store  # noqa: E402
+from gpucr_hpc.store import gpu_data
+
+from gpucr_hpc.store import files as image_store  # noqa: E402
 from fs_rates import direct_ok, drop_cache, read_seconds, write_seconds  # noqa: E402
 
 LOADERS = ("direct:8", "direct:4", "direct:16", "cached:8")
@@ -86,7 +88,7 @@ def main() -> int:
         n = min(pattern.size, size - off)
         arena[off:off + n] = pattern[:n] ^ np.uint8((off >> 24) & 0xFF)
     quarter = size // 4
-    blobs = [gpu_image.Blob(handle=i + 1, va=0x7F0000000000 + i * quarter, size=quarter, device=0,
+    blobs = [gpu_data.Blob(handle=i + 1, va=0x7F0000000000 + i * quarter, size=quarter, device=0,
                             host=arena.ctypes.data + i * quarter) for i in range(4)]
     res: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "host": platform.node(),
                  **_gpu(),
@@ -94,7 +96,7 @@ def main() -> int:
     try:
         image = root / "process-1.h5"
         t = time.perf_counter()
-        rep = gpu_image.save_process(image, os.getpid(), blobs, block_bytes=image_store.HASH_BLOCK)
+        rep = gpu_data.save_process(image, os.getpid(), blobs, block_bytes=image_store.HASH_BLOCK)
         res["image_write_MBps"] = round(size / (time.perf_counter() - t) / 1e6, 1)
         plain = root / "plain.bin"
         res["fs_write_MBps"] = round(size / write_seconds(plain, size, streams=1) / 1e6, 1)
@@ -112,7 +114,7 @@ def main() -> int:
                 elif kind == "save":
                     again = root / "again.h5"
                     t = time.perf_counter()
-                    got = gpu_image.save_process(again, os.getpid(), blobs, block_bytes=image_store.HASH_BLOCK)
+                    got = gpu_data.save_process(again, os.getpid(), blobs, block_bytes=image_store.HASH_BLOCK)
                     row["save"] = round(got["file_size"] / (time.perf_counter() - t) / 1e6, 1)
                     again.unlink()
                 elif kind == "fs":
@@ -120,10 +122,10 @@ def main() -> int:
                     row[name] = round(size / read_seconds(plain, streams=x, direct=d) / 1e6, 1)
                 else:
                     direct, workers = _loader(x)
-                    gpu_image.LOAD_DIRECT, gpu_image.LOAD_WORKERS = direct, workers
+                    gpu_data.LOAD_DIRECT, gpu_data.LOAD_WORKERS = direct, workers
                     drop_cache(image)
                     t = time.perf_counter()
-                    got = gpu_image.load_process(image, os.getpid(), blobs, block_digests=rep["checksum"],
+                    got = gpu_data.load_process(image, os.getpid(), blobs, block_digests=rep["checksum"],
                                                  block_bytes=image_store.HASH_BLOCK)
                     el = time.perf_counter() - t
                     if got["direct"] != direct:

@@ -31,9 +31,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpucr_hpc import process_cr  # noqa: E402
-from gpucr_hpc.driver_nvidia import NvidiaDriver  # noqa: E402
-from gpucr_hpc.shim_client import ShimClient  # noqa: E402
+from gpucr_hpc.process import in_place  # noqa: E402
+from gpucr_hpc.gpu.driver_nvidia import NvidiaDriver  # noqa: E402
+from gpucr_hpc.shim.client import ShimClient  # noqa: E402
 from shim_gpu_verify import Proc, gpu_used_mib, smi  # noqa: E402
 from vram_sampler import VramSampler  # noqa: E402
 
@@ -163,9 +163,9 @@ def gpucr(args, gib) -> dict:
         for prefill in [False] * args.cycles + [True] * (args.prefill_cycles if args.copy_helper else 0):
             used = gpu_used_mib()
             with VramSampler() as vs:
-                cp = process_cr.checkpoint_tree(pid, timeout_ms=60000, run_dir=run_dir)
+                cp = in_place.checkpoint_tree(pid, timeout_ms=60000, run_dir=run_dir)
             after = gpu_used_mib()
-            rs = process_cr.restore_tree(pid, run_dir=run_dir, prefill=prefill)
+            rs = in_place.restore_tree(pid, run_dir=run_dir, prefill=prefill)
             shim_cp, shim_rs = cp["processes"][0], rs["processes"][0]
             (prefilled if prefill else cycles).append({
                 "used_mib_before": used, "used_mib_after_checkpoint": after, "bytes": cp["bytes"],
@@ -264,7 +264,7 @@ def main():
     args = ap.parse_args()
     helper = None
     if args.copy_helper:
-        from gpucr_hpc import copy_helper
+        from gpucr_hpc.shim import copy_helper
         helper = copy_helper.spawn(HELPER_SOCKET)
         os.environ["GPUCR_COPY_HELPER"] = str(HELPER_SOCKET)
     try:

@@ -84,7 +84,7 @@ def cupy_loop(steps: int, warmup: int) -> list[float]:
 
 def shim_self_check() -> dict:
     """In a shimmed worker: the shim's own status (its control thread answers)."""
-    from gpucr_hpc.shim_client import ShimClient
+    from gpucr_hpc.shim.client import ShimClient
 
     st = ShimClient(os.getpid()).status()
     return {k: st.get(k) for k in ("getproc_hooked", "dlsym_hooked", "gpu_bytes", "async_bytes", "allocations",
@@ -127,7 +127,7 @@ def smi(query: str) -> list[str]:
 
 
 def run_one(workload: str, variant: str, args, run_dir: str) -> dict:
-    from gpucr_hpc.cmd_process import shim_environment
+    from gpucr_hpc.cli.process import shim_environment
 
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     if variant == "shim":

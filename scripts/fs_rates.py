@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpucr_hpc import writeback  # noqa: E402
+from gpucr_hpc.store import writeback  # noqa: E402
 
 BLOCK = 16 << 20
 STREAMS = (1, 4)

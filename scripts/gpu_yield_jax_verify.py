@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 WL = REPO / "tests" / "shim_workloads"
 
-from gpucr_hpc.criu import is_alive as alive  # noqa: E402
+from gpucr_hpc.criu.run import is_alive as alive  # noqa: E402
 
 JAX_SCENARIOS = {
     # name: (extra environment, through an image)

@@ -38,8 +38,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 TRAIN = REPO / "tests" / "shim_workloads" / "train_torch.py"
 
-from gpucr_hpc import gpu_image  # noqa: E402
-from gpucr_hpc.criu import is_alive as alive  # noqa: E402
+from gpucr_hpc.store import gpu_data  # noqa: E402
+from gpucr_hpc.criu.run import is_alive as alive  # noqa: E402
 from fs_rates import drop_cache, rates  # noqa: E402
 
 
@@ -129,7 +129,7 @@ def image_facts(img: Path) -> dict:
              "gpu_processes": m.get("gpu_processes"), "vendor": m.get("vendor"), "gpu": m.get("gpu"),
              "data_paths": [r.get("data_path") for r in m.get("gpu_processes") or [] if r.get("shim")]}
     if h5:
-        bufs = gpu_image.list_buffers(h5[0])
+        bufs = gpu_data.list_buffers(h5[0])
         facts["h5_allocations"] = len(bufs)
         facts["h5_payload_bytes"] = sum(b[1] for b in bufs)
         if shutil.which("h5ls"):
@@ -287,7 +287,7 @@ def main():
     args = ap.parse_args()
     ctx = Ctx(args)
     if args.copy_helper:
-        from gpucr_hpc import copy_helper
+        from gpucr_hpc.shim import copy_helper
         sock = ctx.root / "copy-helper.sock"
         helper = copy_helper.spawn(sock)
         atexit.register(helper.kill)

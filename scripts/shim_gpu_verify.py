@@ -32,8 +32,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 WL = REPO / "tests" / "shim_workloads"
 
-from gpucr_hpc import copy_helper, process_cr  # noqa: E402
-from gpucr_hpc.shim_client import ShimClient  # noqa: E402
+from gpucr_hpc.shim import copy_helper
+
+from gpucr_hpc.process import in_place  # noqa: E402
+from gpucr_hpc.shim.client import ShimClient  # noqa: E402
 
 
 def smi(query: str) -> list[str]:
@@ -153,7 +155,7 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             st = ShimClient(pid, run_dir).status()
             entry["tracked_gpu_bytes"] = st["gpu_bytes"]
             entry["async_bytes"] = st["async_bytes"]
-            cp = process_cr.checkpoint_tree(pid, timeout_ms=20000, run_dir=run_dir)
+            cp = in_place.checkpoint_tree(pid, timeout_ms=20000, run_dir=run_dir)
             entry["checkpoint"] = cp["phases"]
             entry["checkpoint_path"] = {k: cp["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
             entry["checkpoint_bytes"] = cp["bytes"]
@@ -165,7 +167,7 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             time.sleep(0.2)
             entry["steps_while_checkpointed"] = proc.steps() - entry["steps_while_checkpointed_start"]
             # with the copy helper, every other restore is prefilled
-            rs = process_cr.restore_tree(pid, run_dir=run_dir, prefill=bool(args.copy_helper and c % 2))
+            rs = in_place.restore_tree(pid, run_dir=run_dir, prefill=bool(args.copy_helper and c % 2))
             entry["restore"] = rs["phases"]
             entry["restore_path"] = {k: rs["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
             entry["used_mib_after_restore"] = gpu_used_mib()

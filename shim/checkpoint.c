@@ -11,7 +11,7 @@
  * Both replies list the arena placements ("blobs": handle, va, size, device,
  * host address), the checkpoint reply also the UUIDs of the GPUs the process
  * sees ("device_uuids", by ordinal); whole-process migration saves them from
- * there (gpu_image.py) and takes the arena out of the address space around the
+ * there (store/gpu_data.py) and takes the arena out of the address space around the
  * CRIU dump (arena_detach / arena_attach, arena.c). */
 #include <errno.h>
 #include <stdio.h>

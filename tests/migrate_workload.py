@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpucr_hpc.criu import is_alive as alive  # noqa: F401 - the tests use it from here
+from gpucr_hpc.criu.run import is_alive as alive  # noqa: F401 - the tests use it from here
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -85,7 +85,7 @@ def start_workload_under(tmp: Path, wrapper: list[str], *,
                          new_session: bool) -> tuple[subprocess.Popen, int, Path]:
     """The workload as the child of `wrapper` (a shell, unshare ...); returns
     the wrapper, the workload's PID and the counter file."""
-    from gpucr_hpc.criu import children
+    from gpucr_hpc.criu.run import children
 
     argv, out = _write_workload(tmp)
     proc = subprocess.Popen([*wrapper, *argv], stdin=subprocess.DEVNULL,
@@ -137,7 +137,7 @@ def cli_json(*args, **kw) -> dict:
 
 def kill_tree(pid: int, timeout: float = 10.0) -> None:
     """SIGKILL pid and its descendants (by PID, never by name) and wait until gone."""
-    from gpucr_hpc.criu import process_tree
+    from gpucr_hpc.criu.run import process_tree
 
     pids = process_tree(pid) if alive(pid) else [pid]
     for p in reversed(pids):

@@ -30,7 +30,7 @@ def build_shim() -> Path:
 
 def root_criu_or_skip():
     """The CRIU to use, as root; the test is skipped without root or CRIU >= 4.1."""
-    from gpucr_hpc import criu as criu_mod
+    from gpucr_hpc.criu import run as criu_mod
     from gpucr_hpc.errors import GpucrError
 
     if os.geteuid() != 0:

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from gpucr_hpc import manifest as mf
+from gpucr_hpc.store import manifest as mf
 from shim_helpers import REPO, build_shim, gpucr_cli, wait_for
 
 FAKE_SCONTROL = """#!/bin/sh
@@ -170,9 +170,9 @@ class NoDriverWork:
 def test_timeout_and_run_dir_reach_the_shim(tmp_path, monkeypatch, to_image):
     """The process runs under the real shim (its own socket in the default run dir) and
     answers as a CUDA process's shim on a socket in another run dir, given with --run-dir."""
-    from gpucr_hpc import cli as cli_mod
-    from gpucr_hpc import criu as criu_mod
-    from gpucr_hpc import process_cr
+    from gpucr_hpc.cli import main as cli_mod
+    from gpucr_hpc.criu import run as criu_mod
+    from gpucr_hpc.process import in_place
     from gpucr_hpc.errors import GpucrError
 
     if to_image:
@@ -190,7 +190,7 @@ def test_timeout_and_run_dir_reach_the_shim(tmp_path, monkeypatch, to_image):
     try:
         assert wait_for(other_run / f"{p.pid}.sock") and wait_for(default_run / f"{p.pid}.sock")
         monkeypatch.setenv("GPUCR_RUN_DIR", str(default_run))
-        monkeypatch.setattr(process_cr, "_DRIVER", NoDriverWork())
+        monkeypatch.setattr(in_place, "_DRIVER", NoDriverWork())
         args = ["checkpoint", "--pid", str(p.pid), "--timeout", "1234", "--run-dir", str(other_run)]
         if to_image:
             args += ["--to", str(tmp_path / "img")]

@@ -70,7 +70,7 @@ def test_bad_helper_idle_setting_is_one_line(tmp_path):
 
 
 def test_a_helper_never_runs_under_the_shim():
-    from gpucr_hpc.copy_helper import helper_env
+    from gpucr_hpc.shim.copy_helper import helper_env
 
     env = helper_env({"LD_PRELOAD": "/opt/gpucr-hpc/lib/libgpucr-cuda.so:/usr/lib/libjemalloc.so",
                       "GPUCR_RUN_DIR": "/run/gpucr/job", "GPUCR_COPY_HELPER": "/x.sock", "PATH": "/usr/bin"})

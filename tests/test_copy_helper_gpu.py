@@ -1,5 +1,5 @@
 """On a GPU machine: the copy helper path (GPUCR_COPY_HELPER, shim/helper.c,
-gpucr_hpc/copy_helper.py) under real GPU programs, driven by
+gpucr_hpc/shim/copy_helper.py) under real GPU programs, driven by
 scripts/shim_gpu_verify.py --copy-helper, every check asserted: the helper moved
 the data both ways in every cycle, every other restore was prefilled beside the
 driver restore, the program's output is bit-identical to an uninterrupted run,

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from gpucr_hpc import criu as criu_mod
+from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 
 

@@ -1,7 +1,7 @@
 """Restore onto other GPUs (issue 6, item 2): which GPU each GPU of an image goes to.
 
 No GPU needed: the node's GPUs are given as lists (models, UUIDs, free memory) to
-the real planning code (gpu_remap, migrate_gpu.plan_restore), CUDA_VISIBLE_DEVICES
+the real planning code (gpu_remap, image_gpu.plan_restore), CUDA_VISIBLE_DEVICES
 is parsed as CUDA does (gpu_inventory), the GPU pairs are laid out in the driver's
 struct when cuda-bindings is installed. The GPU run is tests/test_gpu_remap_gpu.py.
 """
@@ -12,10 +12,14 @@ import sys
 
 import pytest
 
-from gpucr_hpc import gpu_inventory, gpu_remap, migrate_gpu
+from gpucr_hpc.gpu import inventory as gpu_inventory
+
+from gpucr_hpc.gpu import remap as gpu_remap
+
+from gpucr_hpc.process import image_gpu
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.gpu_inventory import Gpu
-from gpucr_hpc.gpu_remap import ImageGpu
+from gpucr_hpc.gpu.inventory import Gpu
+from gpucr_hpc.gpu.remap import ImageGpu
 
 GiB = 1 << 30
 H100 = "NVIDIA H100 80GB HBM3"
@@ -97,9 +101,9 @@ def test_old_image_has_no_gpu_list():
     m = {"gpu": {"model": H100}, "gpu_processes": [{"pid": 10, "cuda": True, "h5": "process-10.h5"}]}
     assert gpu_remap.image_gpus(m) is None
     with pytest.raises(GpucrError, match="does not record the GPUs") as e:
-        migrate_gpu.plan_restore(m, ["1"], here=node((H100, 80)), env={})
+        image_gpu.plan_restore(m, ["1"], here=node((H100, 80)), env={})
     assert "without --gpu" in one_line(e.value)
-    assert migrate_gpu.plan_restore(m, None, here=node((H100, 80)), env={}) is None
+    assert image_gpu.plan_restore(m, None, here=node((H100, 80)), env={}) is None
 
 
 def old_image(uuids, nbytes):
@@ -112,18 +116,18 @@ def test_old_image_needs_room_on_its_own_gpu_not_on_the_emptiest():
     """It goes back onto the GPU it had: that one must have room, however free the others are."""
     here = node((H100, 10), (H100, 80))
     with pytest.raises(GpucrError) as e:
-        migrate_gpu.plan_restore(old_image([uuid(100)], 40 * GiB), None, here=here, env={})
+        image_gpu.plan_restore(old_image([uuid(100)], 40 * GiB), None, here=here, env={})
     text = one_line(e.value)
     assert "needs 40.0 GiB of GPU memory on the GPUs it had" in text and "10.0 GiB free here (GPU 0 10.0 GiB)" in text
-    assert migrate_gpu.plan_restore(old_image([uuid(101)], 40 * GiB), None, here=here, env={}) is None
+    assert image_gpu.plan_restore(old_image([uuid(101)], 40 * GiB), None, here=here, env={}) is None
 
 
 def test_old_image_over_several_gpus_is_not_refused_for_its_total():
     """Its data may be spread over the GPUs it had: no single one needs room for all of it."""
     here = node((H100, 40), (H100, 40))
-    assert migrate_gpu.plan_restore(old_image([uuid(100), uuid(101)], 60 * GiB), None, here=here, env={}) is None
+    assert image_gpu.plan_restore(old_image([uuid(100), uuid(101)], 60 * GiB), None, here=here, env={}) is None
     with pytest.raises(GpucrError, match="80.0 GiB free here"):
-        migrate_gpu.plan_restore(old_image([uuid(100), uuid(101)], 90 * GiB), None, here=here, env={})
+        image_gpu.plan_restore(old_image([uuid(100), uuid(101)], 90 * GiB), None, here=here, env={})
 
 
 def test_old_image_whose_gpus_are_not_here_is_left_to_the_driver():
@@ -178,7 +182,7 @@ def test_plan_restore_knows_both_nodes():
     here = node((H100, 80), (H100, 80))
     m = {"gpu": {"model": H100, "uuids": [uuid(100), uuid(101)], "models": [H100, H100]},
          "gpu_processes": [{"pid": 10, "cuda": True, "gpu_uuids": [uuid(100)], "gpu_bytes": [GiB]}]}
-    p = migrate_gpu.plan_restore(m, ["1"], here=here, env={})
+    p = image_gpu.plan_restore(m, ["1"], here=here, env={})
     assert p.pairs([uuid(100)]) == [(uuid(100), uuid(101)), (uuid(101), uuid(100))]
 
 
@@ -207,12 +211,12 @@ def test_only_usable_gpus_are_taken():
     """A Slurm step's CUDA_VISIBLE_DEVICES: GPU 0 belongs to another job now."""
     here = node((H100, 70), (H100, 70))
     image = [ImageGpu(uuid(100), H100, GiB)]
-    p = migrate_gpu.plan_restore({"gpu": {"model": H100, "models": [H100], "uuids": [uuid(100)]},
+    p = image_gpu.plan_restore({"gpu": {"model": H100, "models": [H100], "uuids": [uuid(100)]},
                                   "gpu_processes": [{"pid": 5, "cuda": True, "gpu_uuids": [uuid(100)],
                                                      "gpu_bytes": [GiB]}]},
                                  here=here, env={"CUDA_VISIBLE_DEVICES": "1"})
     assert p.targets == {uuid(100): here[1]}
-    assert not migrate_gpu.plan_restore(
+    assert not image_gpu.plan_restore(
         {"gpu_processes": [{"pid": 5, "cuda": True, "gpu_uuids": [uuid(100)], "gpu_bytes": [GiB]}],
          "gpu": {"model": H100}}, here=here, env={}).moves
     with pytest.raises(GpucrError, match="not usable by this restore"):
@@ -271,16 +275,16 @@ def test_placement_report():
     m = {"gpu": {"model": H100},
          "gpu_processes": [{"pid": 10, "cuda": True, "gpu_uuids": [uuid(100)], "gpu_bytes": [GiB]},
                            {"pid": 11, "cuda": False}]}
-    p = migrate_gpu.plan_restore(m, ["1"], here=here, env={})
-    assert migrate_gpu.placement(m, p, {10: 4321, 11: 4322}) == [
+    p = image_gpu.plan_restore(m, ["1"], here=here, env={})
+    assert image_gpu.placement(m, p, {10: 4321, 11: 4322}) == [
         {"pid": 4321, "image_pid": 10,
          "gpus": [{"ordinal": 0, "image_uuid": uuid(100), "uuid": uuid(101), "index": 1, "moved": True}]}]
     old = {"gpu_processes": [{"pid": 10, "cuda": True, "h5": None}]}
-    assert migrate_gpu.placement(old, None, {10: 4321}) == [{"pid": 4321, "image_pid": 10, "gpus": []}]
+    assert image_gpu.placement(old, None, {10: 4321}) == [{"pid": 4321, "image_pid": 10, "gpus": []}]
 
 
 def test_checkpoint_records_the_shims_gpus_else_the_environment():
-    gc = migrate_gpu.GpuCheckpoint.__new__(migrate_gpu.GpuCheckpoint)
+    gc = image_gpu.GpuCheckpoint.__new__(image_gpu.GpuCheckpoint)
     gc._node = node((H100, 70), (H100, 70))
     told = {str(i): uuid(i) for i in range(11)}   # ordinals sort as numbers, not text
     assert gc._gpu_uuids(1, {"device_uuids": told}) == [uuid(i) for i in range(11)]
@@ -298,7 +302,7 @@ def test_driver_restore_args_hold_the_pairs():
     cu = pytest.importorskip("cuda.bindings.driver")
     if not hasattr(cu, "CUcheckpointRestoreArgs"):
         pytest.skip("this cuda-bindings lacks CUcheckpointRestoreArgs")
-    from gpucr_hpc.driver_nvidia import NvidiaDriver, uuid_bytes
+    from gpucr_hpc.gpu.driver_nvidia import NvidiaDriver, uuid_bytes
 
     drv = NvidiaDriver.__new__(NvidiaDriver)   # the struct needs no GPU, cuInit is not called
     drv.cu = cu

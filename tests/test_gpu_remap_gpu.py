@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpucr_hpc import gpu_inventory
+from gpucr_hpc.gpu import inventory as gpu_inventory
 from shim_helpers import REPO, build_shim, root_criu_or_skip
 
 

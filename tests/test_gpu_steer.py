@@ -1,8 +1,8 @@
-"""Which GPU features a requeued job is given (gpucr_hpc/gpu_steer.py): pure logic,
+"""Which GPU features a requeued job is given (gpucr_hpc/gpu/steer.py): pure logic,
 the nodes' features handed in."""
 
-from gpucr_hpc import gpu_steer
-from gpucr_hpc.slurm import Job
+from gpucr_hpc.gpu import steer as gpu_steer
+from gpucr_hpc.slurm.commands import Job
 
 
 def job(nodes, tres="gres:gpu:1", features="(null)"):

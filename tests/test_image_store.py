@@ -8,46 +8,48 @@ import subprocess
 import numpy as np
 import pytest
 
-from gpucr_hpc import gpu_image, image_store
-from gpucr_hpc import manifest as mf
+from gpucr_hpc.store import gpu_data
+
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import manifest as mf
 from gpucr_hpc.errors import GpucrError
 
 
 def _buffers():
     rng = np.random.default_rng(7)
     return [
-        gpu_image.Buffer(va=0x7F0000000000, size=3 << 20, device=0,
+        gpu_data.Buffer(va=0x7F0000000000, size=3 << 20, device=0,
                          data=rng.integers(0, 256, 3 << 20, dtype=np.uint8)),
-        gpu_image.Buffer(va=0x7F0000400000, size=4096, device=1, data=bytes(range(256)) * 16),
-        gpu_image.Buffer(va=0x7F0000500000, size=0, device=0, data=b""),
+        gpu_data.Buffer(va=0x7F0000400000, size=4096, device=1, data=bytes(range(256)) * 16),
+        gpu_data.Buffer(va=0x7F0000500000, size=0, device=0, data=b""),
     ]
 
 
 def test_h5_roundtrip(tmp_path):
     p = tmp_path / "process-1.h5"
     bufs = _buffers()
-    assert gpu_image.write(p, bufs, attrs={"pid": 1, "vendor": "nvidia"}) == sum(b.size for b in bufs)
-    assert gpu_image.list_buffers(p) == [(b.va, b.size, b.device) for b in bufs]
-    back = list(gpu_image.read(p))
+    assert gpu_data.write(p, bufs, attrs={"pid": 1, "vendor": "nvidia"}) == sum(b.size for b in bufs)
+    assert gpu_data.list_buffers(p) == [(b.va, b.size, b.device) for b in bufs]
+    back = list(gpu_data.read(p))
     for a, b in zip(bufs, back):
         assert (a.va, a.size, a.device) == (b.va, b.size, b.device)
         assert np.array_equal(np.frombuffer(a.data, np.uint8) if not isinstance(a.data, np.ndarray) else a.data, b.data)
     arena = bytearray(4096)
-    gpu_image.read_into(p, 0x7F0000400000, arena)
+    gpu_data.read_into(p, 0x7F0000400000, arena)
     assert bytes(arena) == bytes(range(256)) * 16
-    assert gpu_image.file_attrs(p)["vendor"] == "nvidia"
+    assert gpu_data.file_attrs(p)["vendor"] == "nvidia"
 
 
 def test_h5_size_mismatch_rejected(tmp_path):
     with pytest.raises(ValueError, match="expected"):
-        gpu_image.write(tmp_path / "x.h5", [gpu_image.Buffer(va=1, size=10, device=0, data=b"abc")])
+        gpu_data.write(tmp_path / "x.h5", [gpu_data.Buffer(va=1, size=10, device=0, data=b"abc")])
 
 
 def test_h5_readable_with_standard_tools(tmp_path):
     if not (shutil.which("h5ls") and shutil.which("h5dump")):
         pytest.skip("HDF5 command line tools (Debian: hdf5-tools) are not installed")
     p = tmp_path / "process-1.h5"
-    gpu_image.write(p, _buffers())
+    gpu_data.write(p, _buffers())
     ls = subprocess.run(["h5ls", "-r", str(p)], capture_output=True, text=True, check=True).stdout
     assert "/allocations/alloc-00007f0000400000 Dataset {4096}" in ls
     attrs = subprocess.run(["h5dump", "-A", "-d", "/allocations/alloc-00007f0000400000", str(p)],
@@ -66,7 +68,7 @@ def _make_image(tmp_path):
     m = mf.new_manifest(kind="test", vendor=None, gpu=None)
     w = image_store.ImageWriter(tmp_path / "img", m)
     assert w.add_tree(src, "criu") == (1 << 20) + 5
-    gpu_image.write(w.path / "process-1.h5", _buffers())
+    gpu_data.write(w.path / "process-1.h5", _buffers())
     w.add_written("process-1.h5")
     w.commit()
     return tmp_path / "img"
@@ -159,7 +161,7 @@ def _make_gpu_image(tmp_path):
     m = mf.new_manifest(kind="test", vendor=None, gpu=None)
     w = image_store.ImageWriter(tmp_path / "img", m)
     p = w.path / "process-1.h5"
-    gpu_image.write(p, _buffers())
+    gpu_data.write(p, _buffers())
     w.add_blocks("process-1.h5", p.stat().st_size, image_store.block_digests(p))
     m["gpu_processes"] = [{"pid": 1, "h5": "process-1.h5", "shim": True, "cuda": True}]
     w.commit()

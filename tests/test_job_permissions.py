@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from gpucr_hpc.image_store import tree_digest  # noqa: E402
+from gpucr_hpc.store.files import tree_digest  # noqa: E402
 from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for, workdir  # noqa: E402,F401
 from user_helpers import as_user, gpucr_as, users, users_tmp  # noqa: E402,F401
 
@@ -339,7 +339,7 @@ def test_two_checkpoints_at_once_one_runs_the_other_is_refused_at_once(slurm_clu
 HOLD_LOCK = r"""
 import sys, time
 from pathlib import Path
-from gpucr_hpc import job_lock
+from gpucr_hpc.job import lock as job_lock
 with job_lock.held(Path(sys.argv[1]), sys.argv[2], 0, what="gpucr-hpc suspend " + sys.argv[2]):
     print("held", flush=True)
     time.sleep(600)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gpucr_hpc import criu as criu_mod
+from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 from migrate_workload import (alive, assert_counter_exact, cli, cli_json, kill_tree, lines,
                               start_workload, start_workload_under, wait_lines)
@@ -169,7 +169,7 @@ def test_end_tree_ends_a_tree_restored_in_a_new_pid_namespace(criu, tmp_path, re
     """What a restore step does when it learns after the restore that its job was
     requeued meanwhile: the restored tree (root, child, the namespace's init) ends
     at once and the launcher is reaped."""
-    from gpucr_hpc import migrate
+    from gpucr_hpc.process import image as process_image
 
     roots, popens = reaper
     proc, out = start_workload(tmp_path)
@@ -177,7 +177,7 @@ def test_end_tree_ends_a_tree_restored_in_a_new_pid_namespace(criu, tmp_path, re
     wait_lines(out, 10)
     cli_json("checkpoint", "--pid", str(proc.pid), "--to", str(tmp_path / "img"))
     proc.wait(timeout=10)
-    rep = migrate.restore_from(tmp_path / "img", pidns="new")
+    rep = process_image.restore_from(tmp_path / "img", pidns="new")
     roots.append(rep["pid"])
     tree = criu_mod.process_tree(rep["pid"])
     assert len(tree) == 2 and all(alive(p) for p in tree)

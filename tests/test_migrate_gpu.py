@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpucr_hpc import gpu_image, image_store
+from gpucr_hpc.store import gpu_data
+
+from gpucr_hpc.store import files as image_store
 from gpucr_hpc.errors import GpucrError
 from shim_helpers import REPO, build_shim, root_criu_or_skip
 
@@ -44,8 +46,8 @@ def _holder():
     child = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True)
     ha, na, hb, nb = map(int, child.stdout.readline().split())
-    return child, [gpu_image.Blob(handle=0x20, va=0x7F0000000000, size=na, device=0, host=ha),
-                   gpu_image.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
+    return child, [gpu_data.Blob(handle=0x20, va=0x7F0000000000, size=na, device=0, host=ha),
+                   gpu_data.Blob(handle=0x21, va=0, size=nb, device=0, host=hb)]
 
 
 def _step(child, says: str) -> None:
@@ -62,29 +64,29 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
     try:
         na, nb, hb = blobs[0].size, blobs[1].size, blobs[1].host
         p = tmp_path / "process-1.h5"
-        rep = gpu_image.save_process(p, child.pid, blobs, attrs={"vendor": "nvidia"},
+        rep = gpu_data.save_process(p, child.pid, blobs, attrs={"vendor": "nvidia"},
                                      block_bytes=image_store.HASH_BLOCK)
         assert rep["bytes"] == na + nb and rep["allocations"] == 2
         assert rep["file_size"] == p.stat().st_size
         assert rep["checksum"] == image_store.block_digests(p, workers=1)
         # Small blocks: blocks that hold HDF5 metadata, a blob's start and end, both blobs
         small = tmp_path / "process-2.h5"
-        rep2 = gpu_image.save_process(small, child.pid, blobs, block_bytes=(1 << 20) + 4097)
+        rep2 = gpu_data.save_process(small, child.pid, blobs, block_bytes=(1 << 20) + 4097)
         assert len(rep2["checksum"]) > 10 and rep2["file_size"] == small.stat().st_size
         want = []
         with open(small, "rb") as f:
             while block := f.read((1 << 20) + 4097):
                 want.append(hashlib.sha256(block).hexdigest())
         assert rep2["checksum"] == want
-        assert {b.va: bytes(b.data) for b in gpu_image.read(small)} == \
-            {b.va: bytes(b.data) for b in gpu_image.read(p)}
-        assert gpu_image.list_buffers(p) == sorted([(0, nb, 0), (0x7F0000000000, na, 0)])
-        back = {b.va: b.data for b in gpu_image.read(p)}
+        assert {b.va: bytes(b.data) for b in gpu_data.read(small)} == \
+            {b.va: bytes(b.data) for b in gpu_data.read(p)}
+        assert gpu_data.list_buffers(p) == sorted([(0, nb, 0), (0x7F0000000000, na, 0)])
+        back = {b.va: b.data for b in gpu_data.read(p)}
         assert np.array_equal(back[0x7F0000000000], np.arange(3_000_000, dtype=np.uint32).view(np.uint8))
         _step(child, "zeroed")
         with pytest.raises(ValueError, match="not in"):
-            gpu_image.load_process(p, child.pid, blobs[:1] + [gpu_image.Blob(0x99, 0, nb, 0, hb)])
-        assert gpu_image.load_process(p, child.pid, blobs)["bytes"] == na + nb
+            gpu_data.load_process(p, child.pid, blobs[:1] + [gpu_data.Blob(0x99, 0, nb, 0, hb)])
+        assert gpu_data.load_process(p, child.pid, blobs)["bytes"] == na + nb
         _step(child, "same")
     finally:
         child.kill()
@@ -98,28 +100,28 @@ def test_load_checks_each_block_as_it_reads(tmp_path, monkeypatch, block, direct
     checked; a flipped byte, or digests of another size, are refused with the cause.
     Read with O_DIRECT where blocks are page-aligned (the file's last piece is not a
     whole page: the read rounds up and stops at the end), else through the page cache."""
-    monkeypatch.setattr(gpu_image, "LOAD_DIRECT", direct)
+    monkeypatch.setattr(gpu_data, "LOAD_DIRECT", direct)
     child, blobs = _holder()
     try:
         na, nb = blobs[0].size, blobs[1].size
         p = tmp_path / "process-1.h5"
-        digests = gpu_image.save_process(p, child.pid, blobs, block_bytes=block)["checksum"]
+        digests = gpu_data.save_process(p, child.pid, blobs, block_bytes=block)["checksum"]
         _step(child, "zeroed")
         with pytest.raises(ValueError, match="another size"):
-            gpu_image.load_process(p, child.pid, blobs, block_digests=digests[:-1], block_bytes=block)
+            gpu_data.load_process(p, child.pid, blobs, block_digests=digests[:-1], block_bytes=block)
         bad = bytearray(p.read_bytes())
         bad[len(bad) // 2] ^= 0x10
         corrupt = tmp_path / "corrupt.h5"
         corrupt.write_bytes(bytes(bad))
         with pytest.raises(ValueError, match=r"checksum mismatch in corrupt.h5, block \d+ \(corrupt image\)"):
-            gpu_image.load_process(corrupt, child.pid, blobs, block_digests=digests, block_bytes=block)
-        rep = gpu_image.load_process(p, child.pid, blobs, block_digests=digests, block_bytes=block)
+            gpu_data.load_process(corrupt, child.pid, blobs, block_digests=digests, block_bytes=block)
+        rep = gpu_data.load_process(p, child.pid, blobs, block_digests=digests, block_bytes=block)
         assert rep["bytes"] == na + nb and rep["checked"]
-        assert p.stat().st_size % gpu_image.DIRECT_ALIGN  # the unaligned tail is covered
-        can_direct = gpu_image._open_direct(p)
+        assert p.stat().st_size % gpu_data.DIRECT_ALIGN  # the unaligned tail is covered
+        can_direct = gpu_data._open_direct(p)
         if can_direct is not None:
             os.close(can_direct)
-        assert rep["direct"] == (direct and block % gpu_image.DIRECT_ALIGN == 0 and can_direct is not None)
+        assert rep["direct"] == (direct and block % gpu_data.DIRECT_ALIGN == 0 and can_direct is not None)
         _step(child, "same")
     finally:
         child.kill()
@@ -156,7 +158,7 @@ def test_block_checksummed_file_is_verified(tmp_path, monkeypatch):
     """A GPU data file recorded with per-block sha256s: intact it opens, one changed
     byte in any block is a one-line refusal naming the file."""
     monkeypatch.setattr(image_store, "HASH_BLOCK", 1 << 20)
-    from gpucr_hpc import manifest as mf
+    from gpucr_hpc.store import manifest as mf
 
     img = tmp_path / "img"
     w = image_store.ImageWriter(img, mf.new_manifest(kind="process", vendor="nvidia", gpu=None))

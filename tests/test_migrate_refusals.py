@@ -11,10 +11,10 @@ import stat
 
 import pytest
 
-from gpucr_hpc import criu as criu_mod
-from gpucr_hpc import image_store
-from gpucr_hpc import manifest as mf
-from gpucr_hpc import migrate
+from gpucr_hpc.criu import run as criu_mod
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.process import image as process_image
 from gpucr_hpc.errors import GpucrError
 from migrate_workload import alive, cli, cli_json, kill_tree, start_workload, wait_lines
 
@@ -113,11 +113,11 @@ def test_check_node_model_mismatch():
     m = {"vendor": "nvidia", "gpu": {"model": "NVIDIA H100 80GB HBM3"}}
     h200 = {"vendor": "nvidia", "model": "NVIDIA H200", "models": ["NVIDIA H200"]}
     with pytest.raises(GpucrError, match="this node has NVIDIA H200"):
-        migrate.check_node(m, h200)
+        process_image.check_node(m, h200)
     with pytest.raises(GpucrError, match="has amd GPUs"):
-        migrate.check_node(m, {"vendor": "amd", "model": None, "models": []})
-    migrate.check_node(m, {"vendor": "nvidia", "model": m["gpu"]["model"], "models": [m["gpu"]["model"]]})
-    migrate.check_node({"vendor": None}, None)  # CPU-only images go anywhere
+        process_image.check_node(m, {"vendor": "amd", "model": None, "models": []})
+    process_image.check_node(m, {"vendor": "nvidia", "model": m["gpu"]["model"], "models": [m["gpu"]["model"]]})
+    process_image.check_node({"vendor": None}, None)  # CPU-only images go anywhere
 
 
 def test_missing_criu_refused(image):
@@ -183,7 +183,7 @@ def _foreign_owner(image):
             os.setgroups([])
             os.setgid(65534)
             os.setuid(65534)
-            migrate.restore_from(image)
+            process_image.restore_from(image)
             msg = "restored?!"
         except GpucrError as e:
             msg, code = e.one_line(), 0
@@ -322,10 +322,10 @@ def test_shim_failure_points_at_the_shims_debug_switch():
     """A shim's refusal names the variable the shim reads for its diagnostics (shim/log.c)."""
     from pathlib import Path
 
-    from gpucr_hpc import migrate_gpu
+    from gpucr_hpc.process import image_gpu
 
     with pytest.raises(GpucrError) as e:
-        migrate_gpu._ok({"ok": False, "error": "arena_attach: mmap failed"}, 4242, "re-creating the arena")
+        image_gpu._ok({"ok": False, "error": "arena_attach: mmap failed"}, 4242, "re-creating the arena")
     line = e.value.one_line()
     assert line.startswith("process 4242: re-creating the arena failed: arena_attach: mmap failed; ")
     assert "GPUCR_DEBUG=1" in line and "GPUCR_LOG" not in line

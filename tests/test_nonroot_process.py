@@ -1,5 +1,5 @@
 """An ordinary user checkpoints and restores their own processes, through the root
-helper (gpucr_hpc/criu_root.py via sudo), and nobody else's.
+helper (gpucr_hpc/privileged/helper.py via sudo), and nobody else's.
 
 Real CRIU, real sudo, real users. The helper's refusals are tested by calling it
 directly, as a user who wants more than their own would.
@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpucr_hpc import criu_helper, image_store
+from gpucr_hpc.criu import root_helper
+
+from gpucr_hpc.store import files as image_store
 from job_helpers import numbers, wait_for
 from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
 
@@ -87,7 +89,7 @@ def one_line_error(r) -> str:
 def helper(user, op, *args):
     """The root helper called directly; its answer is the work dir's result.json."""
     work = Path(args[args.index("--work") + 1])
-    r = as_user(user, "sudo", "-n", criu_helper.helper_path(), op, *args)
+    r = as_user(user, "sudo", "-n", root_helper.helper_path(), op, *args)
     try:
         return r.returncode, json.loads((work / "result.json").read_text())
     except (OSError, ValueError):

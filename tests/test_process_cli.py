@@ -33,7 +33,7 @@ def running(env, tmp_path):
     p = subprocess.Popen(gpucr_cli() + ["run", "--", "sh", "-c", "sleep 60 & wait"], env=env)
     assert wait_for(tmp_path / "run" / f"{p.pid}.sock")
     yield p
-    from gpucr_hpc.criu import process_tree
+    from gpucr_hpc.criu.run import process_tree
 
     for pid in reversed(process_tree(p.pid)):
         try:
@@ -186,8 +186,8 @@ def test_shim_install_locations_follow_the_makefiles(monkeypatch, tmp_path):
     shim/Makefile's) /usr/local, each as $(PREFIX)/lib/gpucr."""
     import re
 
-    from gpucr_hpc import shim_client
-    from gpucr_hpc.site import Site
+    from gpucr_hpc.shim import client as shim_client
+    from gpucr_hpc.slurm.site import Site
 
     for var in ("GPUCR_SHIM", "GPUCR_PREFIX"):
         monkeypatch.delenv(var, raising=False)

@@ -124,7 +124,7 @@ def assert_refused(r, *phrases) -> str:
 
 def assert_untouched(w: Workload, more_steps: int = 10):
     """Running, gate open, nothing moved off the GPU, and still making progress."""
-    from gpucr_hpc.shim_client import ShimClient
+    from gpucr_hpc.shim.client import ShimClient
 
     st = ShimClient(w.pid, w.run_dir).status()
     assert st["state"] == "running" and not st["gate_closed"], st

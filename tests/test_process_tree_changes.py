@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from gpucr_hpc import process_cr
+from gpucr_hpc.process import in_place
 from shim_helpers import build_shim, shim_env, wait_for
 
 
@@ -34,12 +34,12 @@ def test_a_process_ending_after_it_was_found_is_skipped(shimmed, how):
     run, start = shimmed
     stays, ends = start(), start()
     targets = [t for pid in (stays.pid, ends.pid)
-               for t in process_cr.discover(pid, run, need_driver=False)[0]]
+               for t in in_place.discover(pid, run, need_driver=False)[0]]
     assert [t.shim_state for t in targets] == ["running", "running"]
     ends.send_signal(how)
     ends.wait()
-    done = process_cr.shim_checkpoint(targets, 5000, run)
+    done = in_place.shim_checkpoint(targets, 5000, run)
     assert {t.pid: t.shim_state for t in done} == {stays.pid: "checkpointed", ends.pid: "gone"}
-    process_cr.shim_restore(targets, run)
-    assert process_cr.discover(stays.pid, run, need_driver=False)[0][0].shim_state == "running"
+    in_place.shim_restore(targets, run)
+    assert in_place.discover(stays.pid, run, need_driver=False)[0][0].shim_state == "running"
 

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from gpucr_hpc import criu as criu_mod
+from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 from migrate_workload import alive, kill_tree, lines, wait_lines, _write_workload
 from shim_helpers import SHIM, build_shim, gpucr_cli

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gpucr_hpc.driver_nvidia import NvidiaDriver  # noqa: E402
+from gpucr_hpc.gpu.driver_nvidia import NvidiaDriver  # noqa: E402
 
 binary, gib = sys.argv[1], sys.argv[2]
 out = {"gib": float(gib), "steps": []}

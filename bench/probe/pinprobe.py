@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gpucr_hpc.driver_nvidia import NvidiaDriver  # noqa: E402
+from gpucr_hpc.gpu.driver_nvidia import NvidiaDriver  # noqa: E402
 
 binary, arena_dir, arena_gib, dev_gib = sys.argv[1:5]
 p = subprocess.Popen([binary, arena_dir, arena_gib, dev_gib], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -3,7 +3,7 @@
 place, restore with the pairs, unlock, and see that it computes on."""
 import json, os, subprocess, sys, time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from gpucr_hpc.driver_nvidia import NvidiaDriver
+from gpucr_hpc.gpu.driver_nvidia import NvidiaDriver
 
 CHILD = r"""
 import torch, time, sys

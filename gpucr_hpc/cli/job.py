@@ -1,0 +1,268 @@
+"""Job-level commands: preempt, ls, and the JOBID forms of checkpoint/restore/status.
+
+The logic is in coordinator.py; this is the click surface and the output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from gpucr_hpc.job import coordinator
+
+from gpucr_hpc.job import dirs as job_dirs
+
+from gpucr_hpc.job import generations
+from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.slurm.site import load_site
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_job_result(kind: str, result: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    click.echo(f"{kind} job {result.get('job', '')}{result['generation']}: "
+               f"{len(result.get('units', []))} unit(s) on {', '.join(result.get('nodes', []))}, "
+               f"{_size(result.get('bytes', 0))} in {result.get('total_s', 0):.2f} s "
+               f"(prepare {result.get('prepare_s', 0):.2f} s)")
+    click.echo(f"image: {result['image']}")
+
+
+def checkpoint_job(jobid: str, as_json: bool) -> None:
+    result = coordinator.checkpoint(jobid)
+    result["job"] = f"{jobid} "
+    print_job_result("checkpointed", result, as_json)
+
+
+def parse_generation(value: str | None) -> int | None:
+    """`--from 3` or `--from gen-3` for a job restore."""
+    if value is None:
+        return None
+    text = value[4:] if value.startswith("gen-") else value
+    if not text.isdigit():
+        raise GpucrError(f"'{value}' is not a generation", "give --from N or --from gen-N "
+                         "(gpucr-hpc ls JOBID lists them)")
+    return int(text)
+
+
+def restore_job(jobid: str, gen: int | None, as_json: bool, resubmit: bool = False) -> None:
+    result = coordinator.resubmit(jobid, gen) if resubmit else coordinator.restore(jobid, gen)
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    elif result.get("resubmitted_as"):
+        click.echo(f"job {jobid} submitted again as job {result['resubmitted_as']}, "
+                   f"which restores {result['generation']} when it starts")
+    else:
+        what = "requeued" if result["requeued"] else "will restore when it starts"
+        click.echo(f"job {jobid}: restoring from {result['generation']}; {what}")
+
+
+@click.command()
+@click.argument("jobid", callback=job_dirs.job_id_argument)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def preempt(jobid, as_json):
+    """Checkpoint a running --gpucr=on job, then requeue it.
+
+    When the job starts again it is restored from this checkpoint instead of
+    running its script from the top.
+    """
+    result = coordinator.preempt(jobid)
+    result["job"] = f"{jobid} "
+    print_job_result("preempted", result, as_json)
+
+
+def job_rows(jobid: str | None = None) -> list[dict]:
+    site = load_site()
+    root = Path(site.imageroot)
+    if jobid:
+        job_dir = site.job_image_dir(jobid)
+        dirs = [job_dir] if _mine(job_dir, jobid) else []
+    elif root.is_dir():
+        # Other users' jobs are theirs alone: listed only for root.
+        dirs = sorted((p for p in root.iterdir() if p.name.isdigit() and _mine(p)),
+                      key=lambda p: int(p.name))
+    else:
+        dirs = []
+    rows = []
+    for job_dir in dirs:
+        try:
+            rows += _generation_rows(job_dir)
+        except OSError as e:
+            raise GpucrError(f"cannot read the checkpoints of job {job_dir.name}: "
+                             f"{e.strerror} ({e.filename})", "only the job's owner or root can read them")
+    return rows
+
+
+def _generation_rows(job_dir: Path) -> list[dict]:
+    rows = []
+    latest = generations.read_pointer(job_dir, generations.LATEST)
+    current = generations.current_submission(job_dir)
+    for n, path, committed in generations.generations(job_dir):
+        row = {"job": job_dir.name, "generation": path.name, "committed": committed,
+               "latest": path == latest, "path": str(path)}
+        if committed:
+            try:
+                m = mf.load(path)
+                row.update(bytes=m.get("total_bytes", 0), nodes=m.get("nodes", []),
+                           units=sorted(m.get("units", {})), created=m.get("created"),
+                           submission=m.get("submission"),
+                           # an earlier job that had this id: kept, never restored for this one
+                           other_submission=m.get("submission") != current)
+            except GpucrError as e:
+                row.update(error=e.one_line())
+            except OSError as e:  # unreadable: shown as damaged, like a bad checksum
+                row.update(error=f"cannot read {e.filename}: {e.strerror}")
+        rows.append(row)
+    return rows
+
+
+def _mine(job_dir: Path, jobid: str | None = None) -> bool:
+    """Whether this user may list the job's checkpoints: its owner and root may,
+    whatever the mode; another user gets one line (jobid given) or nothing."""
+    try:
+        st = job_dir.lstat()
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise GpucrError(f"cannot read {job_dir}: {e.strerror}", "check the image root's permissions") from e
+    me = os.geteuid()
+    if not stat.S_ISDIR(st.st_mode):  # a symlink planted in the image root is never followed
+        if jobid is None:
+            return False
+        raise GpucrError(f"{job_dir} is not a directory", job_dirs.NOT_OURS_FIX)
+    if me == 0 or (st.st_uid == me and os.access(job_dir, os.R_OK | os.X_OK)):
+        return True
+    if jobid is None:
+        return False
+    raise GpucrError(f"the checkpoints of job {jobid} belong to uid {st.st_uid}, you are uid {me}",
+                     "only the job's owner or root can read them")
+
+
+def generation_state(r: dict) -> str:
+    if r.get("error"):
+        return "damaged"
+    if r.get("other_submission"):
+        return "committed (other submission)"
+    return ("committed" if r["committed"] else "incomplete") + (" (latest)" if r.get("latest") else "")
+
+
+def generation_cells(r: dict) -> list[str]:
+    """generation, state, size, nodes, units, created: one row of the ls/status tables."""
+    return [r["generation"], generation_state(r), _size(r.get("bytes", 0)),
+            ",".join(r.get("nodes", [])), str(len(r.get("units", []))), r.get("created") or ""]
+
+
+@click.command("ls")
+@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
+@click.option("--json", "as_json", is_flag=True, help="Print the generations as JSON.")
+def ls(jobid, as_json):
+    """List the checkpoints in the image store: jobs, generations, sizes, nodes."""
+    rows = job_rows(jobid)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="gpucr-hpc checkpoints")
+    for col in ("job", "generation", "state", "size", "nodes", "units", "created"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["job"], *generation_cells(r))
+    Console().print(table)
+
+
+def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    gpu = (f"GPU memory of {result['gpu_processes']} process(es), {_size(result['bytes'])}"
+           if result["gpu_processes"] else "no GPU process")
+    click.echo(f"{verb} job {jobid} on {', '.join(result['nodes'])}: {gpu}, "
+               f"in {result.get('total_s', 0):.2f} s")
+
+
+@click.command()
+@click.argument("jobid", callback=job_dirs.job_id_argument)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def suspend(jobid, as_json):
+    """Hand a running --gpucr=on job's GPU memory back, then suspend it (scontrol suspend).
+
+    Every GPU process of every rank is checkpointed in place first; if that
+    fails anywhere, the job is left running with its GPU memory.
+    """
+    print_in_place("suspended", jobid, coordinator.suspend(jobid), as_json)
+
+
+@click.command()
+@click.argument("jobid", callback=job_dirs.job_id_argument)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def resume(jobid, as_json):
+    """Resume a job suspended by `gpucr-hpc suspend`, and restore its GPU state in place."""
+    print_in_place("resumed", jobid, coordinator.resume(jobid), as_json)
+
+
+def job_status(jobid: str) -> dict:
+    """What Slurm says about the job, and what the image store holds for it."""
+    from gpucr_hpc.slurm import commands as slurm
+
+    if not jobid.isdigit():
+        raise GpucrError(f"'{jobid}' is not a job id", "give the numeric Slurm job id")
+    site = load_site()
+    try:
+        job, unknown = slurm.show_job(jobid), None
+    except GpucrError as e:
+        job, unknown = None, e
+    if job is not None:
+        slurm.check_access(job, "only the job's owner or root can see its checkpoints")
+    out = {"job": jobid, "generations": job_rows(jobid)}
+    if job is not None:
+        out.update(state=job.state, user=job.user, nodes=job.nodes, partition=job.partition,
+                   restarts=job.restart_count, reason=job.raw.get("Reason", ""))
+    elif not out["generations"]:
+        raise unknown
+    else:
+        out.update(state="UNKNOWN to Slurm", note=f"{unknown.cause}; `gpucr-hpc restore {jobid}` "
+                                                      "submits it again from its newest checkpoint")
+    latest = next((g for g in out["generations"] if g.get("latest")), None)
+    out["latest"] = latest["generation"] if latest else None
+    log = site.job_image_dir(jobid) / "restore.log"
+    out["log"] = log.read_text().splitlines()[-5:] if log.exists() else []
+    return out
+
+
+def show_job_status(jobid: str, as_json: bool) -> None:
+    st = job_status(jobid)
+    if as_json:
+        click.echo(json.dumps(st, indent=2, default=str))
+        return
+    console = Console()
+    head = Table.grid(padding=(0, 2))
+    for key in ("job", "state", "user", "partition", "nodes", "restarts", "latest"):
+        if key in st:
+            value = ",".join(st[key]) if isinstance(st[key], list) else str(st[key])
+            head.add_row(key, value or "-")
+    console.print(head)
+    if st["generations"]:
+        table = Table(title="checkpoints")
+        for col in ("generation", "state", "size", "nodes", "units", "created"):
+            table.add_column(col)
+        for r in st["generations"]:
+            table.add_row(*generation_cells(r))
+        console.print(table)
+    else:
+        console.print("no checkpoint yet")
+    for line in st["log"]:
+        console.print(f"log: {line}", markup=False, highlight=False)

@@ -1,0 +1,482 @@
+"""Finding and driving CRIU: the CPU side of a process tree.
+
+CRIU >= 4.1 is needed (3.17 fails on current kernels). It is looked up in this
+order: `$GPUCR_CRIU`, `$GPUCR_PREFIX/bin/criu`, `/opt/gpucr-hpc/bin/criu` (the
+wrapper that scripts/install-deps writes), then `criu` on PATH.
+
+Gotchas handled here (shared FACTS, CRIU):
+* the dumped root must be a session leader, else `--shell-job` is used;
+* a restore in the current PID namespace fails while any PID of the tree is in
+  use, so that is checked first; a restore into a new PID namespace
+  (`unshare -p -f --mount-proc`, CRIU in the foreground as its init) avoids it;
+* regular files the tree had open must have their dump-time size at restore:
+  they are recorded at dump (`open_files`) and checked before restore;
+* CRIU writes logs and stats into its images dir unless told otherwise, so it
+  always gets a separate `--work-dir`: a restore never writes into an image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpucr_hpc.errors import GpucrError
+
+MIN_VERSION = (4, 1)
+DEFAULT_WRAPPER = "/opt/gpucr-hpc/bin/criu"
+_PKG_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding gpucr_hpc: pidns_init runs from it
+INSTALL_FIX = "run scripts/install-deps (as root) to install CRIU >= 4.1, or point GPUCR_CRIU at one"
+
+# Runs inside `criu dump` after the images are written, tasks still frozen.
+_POST_DUMP_SCRIPT = """#!/bin/sh
+[ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
+exec {python} -c {code}
+"""
+_POST_DUMP_CODE = (
+    "import json, sys; sys.path.insert(0, {path!r}); "
+    "from gpucr_hpc.criu.run import open_files, process_tree; "
+    "json.dump(open_files(process_tree({pid})), open({out!r}, 'w'))"
+)
+
+# CRIU error lines that are known to be harmless (FACTS: CRIU).
+_HARMLESS = ("Can't setup RLIMIT_NOFILE",)
+
+
+def _parse_version(text: str) -> tuple[int, ...] | None:
+    m = re.search(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", text, re.M)
+    if not m:
+        return None
+    return tuple(int(x) for x in m.groups() if x is not None)
+
+
+def candidates() -> list[tuple[str, str]]:
+    """(path, where it came from) in lookup order; only existing ones after the first."""
+    out = []
+    prefix = os.environ.get("GPUCR_PREFIX")
+    if prefix:
+        out.append((os.path.join(prefix, "bin", "criu"), "GPUCR_PREFIX"))
+    out.append((DEFAULT_WRAPPER, "default install"))
+    on_path = shutil.which("criu")
+    if on_path:
+        out.append((on_path, "PATH"))
+    return out
+
+
+@dataclass
+class Criu:
+    path: str
+    version: tuple[int, ...]
+
+    @property
+    def version_str(self) -> str:
+        return ".".join(str(v) for v in self.version)
+
+    # -- running -----------------------------------------------------------
+
+    def dump(self, pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool,
+             shell_job: bool, extra: list[str] | None = None,
+             run_as: list[str] | None = None) -> list[dict]:
+        """Dump the process tree rooted at `pid` into `images_dir` (CRIU files only).
+
+        Returns the regular files the tree holds open, with their sizes taken
+        by a post-dump action script while the tree is still frozen, i.e. the
+        sizes CRIU recorded and will insist on at restore.
+
+        An ordinary user's dump goes through the root helper (criu_helper);
+        `run_as` is its command prefix that runs CRIU as the tree's owner
+        with root's capabilities (criu_root.as_owner).
+        """
+        if os.geteuid() != 0:
+            from gpucr_hpc.criu import root_helper
+            return root_helper.dump(pid, images_dir, work_dir, leave_running=leave_running,
+                                    shell_job=shell_job)
+        enter, tree_pid = enter_pidns_of(pid)
+        args = enter + (run_as or []) + [self.path] + (["--unprivileged"] if run_as else []) + [
+            "dump", "-t", str(tree_pid), "-D", str(images_dir), "-W", str(work_dir),
+            "-o", "dump.log", "-v4", "--file-locks", "--link-remap"]
+        if leave_running:
+            args.append("--leave-running")
+        if shell_job:
+            args.append("--shell-job")
+        files_json = work_dir / "open-files.json"
+        script = work_dir / "post-dump.sh"
+        script.write_text(_POST_DUMP_SCRIPT.format(
+            python=shlex.quote(sys.executable),
+            code=shlex.quote(_POST_DUMP_CODE.format(
+                path=_PKG_PARENT, pid=tree_pid, out=str(files_json)))))
+        script.chmod(0o700)
+        args += ["--action-script", str(script)]
+        args += extra or []
+        r = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=criu_env(),
+                           stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            raise GpucrError(
+                f"criu dump of PID {pid} failed: {first_error(work_dir / 'dump.log', r.stdout)}",
+                f"see {work_dir / 'dump.log'}; the process was left running",
+            )
+        try:
+            return json.loads(files_json.read_text())
+        except (OSError, ValueError):
+            raise GpucrError(f"criu dump of PID {pid}: the list of its open files was not written",
+                             f"see {work_dir / 'dump.log'}")
+
+    def start_restore(self, images_dir: Path, work_dir: Path, *, shell_job: bool,
+                      new_pidns: bool, inherit: dict[int, str] | None = None,
+                      extra: list[str] | None = None, tied: bool = False) -> "Restored":
+        """Restore a tree; returns once it runs (or raises with CRIU's own error).
+
+        In the current PID namespace CRIU detaches (`-d`) and the tree is
+        reparented to init. In a new PID namespace the namespace's init is
+        pidns_init, which runs CRIU detached and then waits for the restored
+        root: the launcher returned in `Restored` exits with the root's status.
+
+        `inherit` maps our fds to CRIU keys (`pipe:[123]`, a file path): the
+        restored tree gets our fd where it had that resource (`--inherit-fd`),
+        e.g. the stdio pipes of a new Slurm step in place of the old ones.
+
+        `tied` (new_pidns only): the namespace, and the tree in it, ends with the
+        calling thread, as a job's processes must end with its step: nothing of a
+        job may run on outside it when the step that restored it dies.
+
+        An ordinary user's restore goes through the root helper (criu_helper).
+        """
+        if os.geteuid() != 0:
+            from gpucr_hpc.criu import root_helper
+            return root_helper.start_restore(images_dir, work_dir, shell_job=shell_job,
+                                             new_pidns=new_pidns, inherit=inherit, tied=tied)
+        pidfile = work_dir / "restore.pid"
+        log = work_dir / "restore.log"
+        args = [self.path, "restore", "-D", str(images_dir), "-W", str(work_dir), "-o", "restore.log",
+                "-v4", "--file-locks", "--link-remap", "--pidfile", str(pidfile)]
+        if shell_job:
+            args.append("--shell-job")
+        inherit = inherit or {}
+        for fd, key in sorted(inherit.items()):
+            args += ["--inherit-fd", f"fd[{fd}]:{key}"]
+        args += extra or []
+        args.append("-d")
+        if new_pidns:
+            # --kill-child: the namespace's init dies with unshare; setpriv: unshare with us.
+            tie = ["setpriv", "--pdeathsig", "KILL"] if tied else []
+            args = tie + ["unshare", "-p", "-f", "--kill-child=SIGKILL", "--mount-proc",
+                          sys.executable, "-m", "gpucr_hpc.criu.pidns_init"] + args
+        std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1, 2)]
+        proc = subprocess.Popen(args, stdin=std[0], stdout=std[1], stderr=std[2],
+                                start_new_session=True, close_fds=True,
+                                env=criu_env(PYTHONPATH=_PKG_PARENT))
+        deadline = time.monotonic() + 600
+        while True:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if "Restore finished successfully" in text:
+                break
+            rc = proc.poll()
+            if rc is not None and not new_pidns:
+                # -d: CRIU exits once the tree runs (0) or on failure.
+                text = log.read_text(errors="replace") if log.exists() else ""
+                if rc == 0 and "Restore finished successfully" in text:
+                    break
+                raise GpucrError(f"criu restore failed: {first_error(log, '')}",
+                                 f"see {log}; the image was not changed")
+            if rc is not None:
+                raise GpucrError(f"criu restore failed: {first_error(log, '')}",
+                                 f"see {log}; the image was not changed")
+            if time.monotonic() > deadline:
+                _kill_group(proc)
+                raise GpucrError("criu restore did not finish in 600 s", f"see {log}")
+            time.sleep(0.01)
+        # CRIU writes its stats after the success line; let it finish with the
+        # work dir before the caller removes it (it stays running in new_pidns).
+        end = time.monotonic() + 5
+        while not (work_dir / "stats-restore").exists() and time.monotonic() < end:
+            time.sleep(0.005)
+        ns_pid = int(pidfile.read_text().strip()) if pidfile.exists() else None
+        if new_pidns:
+            host_pid = _find_ns_root(proc.pid, ns_pid)
+            # The namespace's init reads the pidfile too; the work dir must outlive that.
+            taken = Path(str(pidfile) + ".taken")
+            end = time.monotonic() + 30
+            while not taken.exists() and proc.poll() is None and time.monotonic() < end:
+                time.sleep(0.005)
+        else:
+            proc.wait()
+            host_pid = ns_pid
+        return Restored(host_pid=host_pid, ns_pid=ns_pid, new_pidns=new_pidns, launcher=proc)
+
+
+def criu_env(**extra: str) -> dict:
+    """Our environment without LD_PRELOAD: inside a --gpucr=on job it holds the shim,
+    whose control thread must not run inside CRIU (a forked CRIU helper with an
+    extra thread never becomes reapable, and CRIU waits for it forever)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Restored:
+    host_pid: int            # the restored root as seen from here
+    ns_pid: int | None       # the root's PID inside its namespace (its original PID)
+    new_pidns: bool
+    launcher: subprocess.Popen = field(repr=False, default=None)
+
+
+def _find_ns_root(unshare_pid: int, ns_pid: int | None) -> int:
+    """The restored root's host PID: in unshare's subtree, with its original PID in the namespace."""
+    for _ in range(200):
+        for c in process_tree(unshare_pid)[2:]:  # below unshare and the namespace's init
+            try:
+                if ns_pid is None or nspid(c)[-1] == ns_pid:
+                    return c
+            except OSError:
+                continue
+        time.sleep(0.01)
+    raise GpucrError("restored process not found under its PID namespace",
+                     "report this as a bug with the restore log")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def first_error(log: Path, fallback: str) -> str:
+    """The first meaningful `Error (...)` line of a CRIU log, shortened."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in (text + "\n" + (fallback or "")).splitlines():
+        if "Error (" in line and not any(h in line for h in _HARMLESS):
+            return re.sub(r"^\(\s*[\d.]+\)\s*", "", line).strip()
+    tail = [line for line in (fallback or text).splitlines() if line.strip()]
+    return tail[-1].strip() if tail else "no error message"
+
+
+def find_criu() -> Criu:
+    """The CRIU to use, or a GpucrError naming the fix."""
+    explicit = os.environ.get("GPUCR_CRIU")
+    if explicit:
+        tries = [(explicit, "GPUCR_CRIU")]
+    else:
+        tries = candidates()
+    too_old = None
+    for path, origin in tries:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            if origin == "GPUCR_CRIU":
+                raise GpucrError(f"CRIU not found at GPUCR_CRIU={path}", INSTALL_FIX)
+            continue
+        try:
+            r = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL,
+                               capture_output=True, text=True, timeout=30)
+            version = _parse_version(r.stdout + r.stderr)
+        except (OSError, subprocess.TimeoutExpired):
+            version = None
+        if version is None:
+            if origin == "GPUCR_CRIU":
+                raise GpucrError(f"{path} (GPUCR_CRIU) does not run or print a CRIU version",
+                                 INSTALL_FIX)
+            continue
+        if version[:2] < MIN_VERSION:
+            too_old = (path, version)
+            if origin == "GPUCR_CRIU":
+                break
+            continue
+        return Criu(path=path, version=version)
+    if too_old:
+        path, version = too_old
+        raise GpucrError(
+            f"CRIU at {path} is version {'.'.join(map(str, version))}, "
+            f"{'.'.join(map(str, MIN_VERSION))} or newer is needed", INSTALL_FIX)
+    raise GpucrError("CRIU not found", INSTALL_FIX)
+
+
+# -- /proc helpers ------------------------------------------------------------
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    out += [int(x) for x in f.read().split()]
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return out
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants, parents first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo += children(p)
+    return out
+
+
+def end_tree(pid: int, launcher: subprocess.Popen | None = None) -> None:
+    """SIGKILL a restored tree, leaves first, and reap its launcher. In a new PID
+    namespace the root's death ends its init, and the kernel the rest with it."""
+    for p in reversed(process_tree(pid)):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if launcher is not None:
+        launcher.wait()
+
+
+def _status(pid: int) -> dict[str, str]:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            out[k] = v.strip()
+    return out
+
+
+def nspid(pid: int) -> list[int]:
+    return [int(x) for x in _status(pid).get("NSpid", str(pid)).split()]
+
+
+def enter_pidns_of(pid: int) -> tuple[list[str], int]:
+    """How CRIU must run to dump the tree of `pid`: (command prefix, the tree's PID there).
+
+    A restored tree lives in a PID namespace of its own (and the mount namespace
+    that mounts its /proc), below ours. CRIU cannot dump a PID namespace without
+    its init, so it runs inside both namespaces and sees the tree as its own: the
+    image then holds the PIDs the tree knows, as a first dump's does, and is
+    restored the same way."""
+    inside, ours = nspid(pid), nspid(os.getpid())
+    if len(inside) <= len(ours):
+        return [], pid
+    return ["nsenter", f"--target={pid}", "--pid", "--mount", "--"], inside[-1]
+
+
+def owner_uid(pid: int) -> int:
+    return os.stat(f"/proc/{pid}").st_uid
+
+
+def is_session_leader(pid: int) -> bool:
+    return os.getsid(pid) == pid
+
+
+def session_visible(pid: int) -> bool:
+    """False when `pid`'s session leader lies outside its PID namespace.
+
+    The kernel then reports its session as 0 inside that namespace (last NSsid
+    field), and CRIU cannot record it, not even with --shell-job.
+    """
+    nssid = _status(pid).get("NSsid", "").split()
+    return not nssid or int(nssid[-1]) != 0
+
+
+def is_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids: list[int], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(is_alive(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def rss_bytes(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def pid_in_use(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}")
+
+
+def open_files(pids: list[int]) -> list[dict]:
+    """Regular files held open or mapped by the tree, with their current size.
+
+    CRIU refuses a restore when such a file changed size since the dump; these
+    records let the restore say which file and what to do before CRIU runs.
+    """
+    seen: dict[str, dict] = {}
+    for pid in pids:
+        entries = []
+        for sub in ("fd", "map_files"):
+            try:
+                names = os.listdir(f"/proc/{pid}/{sub}")
+            except OSError:
+                continue
+            entries += [(sub, n) for n in names]
+        for sub, n in entries:
+            link = f"/proc/{pid}/{sub}/{n}"
+            try:
+                target = os.readlink(link)
+                st = os.stat(link)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or not target.startswith("/") or target.endswith(" (deleted)"):
+                continue
+            writable = False
+            if sub == "fd":
+                try:
+                    writable = (fd_flags(pid, n) & os.O_ACCMODE) != os.O_RDONLY
+                except (OSError, AttributeError):
+                    pass
+            rec = seen.setdefault(target, {"path": target, "size": st.st_size, "writable": False})
+            rec["writable"] = rec["writable"] or writable
+    return sorted(seen.values(), key=lambda r: r["path"])
+
+
+def fd_flags(pid: int, fd: int | str) -> int:
+    """The open flags of one fd of pid (O_ACCMODE and the rest), from /proc fdinfo."""
+    with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+        return int(re.search(r"flags:\s*(\d+)", f.read()).group(1), 8)
+
+
+def fd_targets(pid: int) -> list[str]:
+    """What each open fd of pid points at (`/dev/nvidia0`, `socket:[123]`, a path)."""
+    out = []
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for n in names:
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{n}"))
+        except OSError:
+            continue
+    return out
+
+
+def holds_gpu(pids: list[int]) -> bool:
+    """True when any process of the tree has a GPU device open."""
+    return any(t.startswith(("/dev/nvidia", "/dev/dri/")) or t == "/dev/kfd"
+               for pid in pids for t in fd_targets(pid))

@@ -1,0 +1,351 @@
+"""The node agent: one per node of a job, started inside the job's allocation.
+
+    srun --jobid=J --overlap --ntasks-per-node=1 --mpi=pmix \
+        python -m gpucr_hpc.job.agent checkpoint --job J --gen-dir DIR
+
+The agents form an MPI world (a one-node job's single agent needs none) and
+run the two-phase checkpoint:
+
+1. prepare: each agent checkpoints every unit on its node in parallel into the
+   (uncommitted) generation, leaving the processes running;
+2. vote: an allreduce of success;
+3. commit: rank 0 writes the job manifest and COMMITTED; or abort: every agent
+   deletes what it wrote, and the job runs on as before.
+
+Each agent prints one JSON line (its node's report); rank 0 prints the job's
+result last, as `{"result": ...}`.
+
+`yield` and `reclaim` (for `gpucr-hpc suspend/resume JOBID`) checkpoint the
+GPU state of every unit in place (VRAM handed back, processes kept) and
+restore it; a yield that fails on any node is undone on every node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from gpucr_hpc.job import generations
+
+from gpucr_hpc.process import image as process_image
+from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.criu import run as criu_mod
+from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
+from gpucr_hpc.job.units import Unit, foreign_connections, local_units
+from gpucr_hpc.slurm.site import load_site
+
+
+def node_name() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def save_output(path: str, size: int, dest: Path) -> None:
+    """The job's output file as it was at the dump (its first `size` bytes)."""
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path, "rb") as src, open(dest, "wb") as out:
+        left = size
+        while left:
+            chunk = src.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def stdio_of(pid: int) -> dict[str, str]:
+    """What fds 0-2 of the unit's root were: a restore hands the new step's in their place."""
+    out = {}
+    for fd in (0, 1, 2):
+        try:
+            out[str(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], hold_gpu: bool = False) -> dict:
+    tree = criu_mod.process_tree(unit.pid)
+    foreign = foreign_connections(tree)
+    if foreign:
+        raise GpucrError(f"{unit.name} on {unit.node} has a network connection that cannot move "
+                         f"({foreign[0]}): its peer is outside the process tree",
+                         "processes connected by TCP to another rank, another node or a server "
+                         "(MPI, NCCL, gloo, a TCP store) cannot be checkpointed")
+    rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, hold_gpu=hold_gpu)
+    saved, script = {}, None
+    if unit.name == "batch":
+        m = mf.load(gen_dir / unit.name)
+        sizes = {r["path"]: r["size"] for r in m.get("open_files") or []}
+        script = save_script(unit.pid, sizes, gen_dir)
+        for i, path in enumerate(dict.fromkeys(p for p in outputs if p)):
+            if path in sizes:
+                rel = f"output/{i}"
+                save_output(path, sizes[path], gen_dir / rel)
+                saved[path] = {"file": rel, "size": sizes[path]}
+    return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"], "gpu_held": rep["gpu_held"],
+            "saved_output": saved, "saved_script": script, "stdio": stdio_of(unit.pid)}
+
+
+def save_script(pid: int, sizes: dict, gen_dir: Path) -> dict | None:
+    """A copy of the batch script the shell has open (an argument of the unit's
+    root that is among its open files): the job can then be submitted again
+    from this generation once Slurm has forgotten it (job_cr.resubmit)."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    path = next((a for a in args[1:] if a in sizes), None)
+    if path is None:
+        return None
+    save_output(path, sizes[path], gen_dir / "script")
+    return {"file": "script", "path": path, "size": sizes[path]}
+
+
+def resume_held(gen_dir: Path, units: list[dict]) -> list[str]:
+    """The GPU state back into this node's units that a checkpoint left holding none
+    (a preemption whose vote or requeue failed): the job runs on. Errors, one line each."""
+    from gpucr_hpc.process import image_gpu
+
+    errors = []
+    for u in units:
+        if not u.get("gpu_held"):
+            continue
+        try:
+            image_gpu.resume_held(gen_dir / u["name"])
+        except GpucrError as e:
+            errors.append(f"{u['name']} on {u['node']}: giving its GPU state back failed: {e.one_line()}")
+    return errors
+
+
+def prepare(job: dict, gen_dir: Path, hold_gpu: bool = False) -> dict:
+    site = load_site()
+    node = node_name()
+    run_dir = site.job_run_dir(job["id"], node)
+    os.environ["GPUCR_RUN_DIR"] = str(run_dir)  # where the job's shims have their sockets
+    units = local_units(run_dir, node)
+    t0 = time.monotonic()
+    outputs = [job.get("std_out", ""), job.get("std_err", "")]
+    with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
+        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, hold_gpu) for u in units]
+        done, errors = [], []
+        for f in futures:
+            try:
+                done.append(f.result())
+            except GpucrError as e:
+                errors.append(e.one_line())
+            except Exception as e:  # noqa: BLE001 - any failure is a "no" vote
+                errors.append(f"{type(e).__name__}: {e}")
+    return {"node": node, "ok": not errors, "units": done, "errors": errors,
+            "prepare_s": time.monotonic() - t0, "submission": submission_of(run_dir)}
+
+
+def submission_of(run_dir: Path) -> str | None:
+    """The job's submission, as the plugin recorded it on this node (spank/submission.h):
+    never a unit's own environment, which a restore brings back from an older job."""
+    try:
+        return (run_dir / "submission").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def job_submission(job: dict, reports: list[dict]) -> str | None:
+    """The batch host's record first: its batch step wrote it at this run's start."""
+    ordered = sorted(reports, key=lambda r: r["node"] != job.get("batch_host"))
+    return next((r["submission"] for r in ordered if r.get("submission")), None)
+
+
+def job_manifest(job: dict, gen_dir: Path, reports: list[dict]) -> dict:
+    m = mf.new_manifest(kind="job", vendor=None, gpu=None)
+    units = [u for r in reports for u in r["units"]]
+    m.update({
+        "job": {k: job.get(k) for k in ("id", "user", "uid", "nodes", "batch_host", "std_out",
+                                        "std_err", "restart_count", "partition")},
+        "generation": gen_dir.name,
+        "owner_uid": job["uid"],
+        # which submission of the job id this generation belongs to (generations.py)
+        "submission": job_submission(job, reports),
+        "units": {u["name"]: {k: v for k, v in u.items() if k != "timings"} for u in units},
+        "nodes": [r["node"] for r in reports],
+        "prepare_s": max(r["prepare_s"] for r in reports),
+    })
+    for u in units:
+        for rec in [*u.get("saved_output", {}).values(), *filter(None, [u.get("saved_script")])]:
+            rel = rec["file"]
+            mf.add_file(m, rel, rec["size"], mf.sha256_file(gen_dir / rel))
+    m["total_bytes"] = sum(u["bytes"] for u in units) + sum(
+        f["size"] for f in m["files"].values())
+    return m
+
+
+class _Alone:
+    """The world of a one-node job's only agent: its vote is its own."""
+    rank, size = 0, 1
+
+    def allreduce(self, value, op=None):
+        return value
+
+    def gather(self, value, root=0):
+        return [value]
+
+    def bcast(self, value, root=0):
+        return value
+
+
+def world():
+    """(communicator, MIN) of the agents. A one-node job needs no MPI, nor an MPI
+    library on its node (launch_agents starts its agent with --mpi=none)."""
+    if os.environ.get("SLURM_STEP_NUM_TASKS") == "1":
+        return _Alone(), None
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD, MPI.MIN
+
+
+def run_checkpoint(args) -> int:
+    comm, MIN = world()
+    job = json.loads(args.job_json)
+    gen_dir = Path(args.gen_dir)
+    try:
+        rep = prepare(job, gen_dir, hold_gpu=args.hold_gpu)
+    except GpucrError as e:
+        rep = {"node": node_name(), "ok": False, "units": [], "errors": [e.one_line()],
+               "prepare_s": 0.0}
+    print(json.dumps({"node_report": rep}), flush=True)
+    yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
+    reports = comm.gather(rep, root=0)
+    committed = False
+    if comm.rank == 0:
+        if yes and not any(r["units"] for r in reports):
+            yes, reports[0]["errors"] = 0, ["no process of the job was found on its nodes"]
+        if yes:
+            try:
+                generations.commit_generation(gen_dir, job_manifest(job, gen_dir, reports))
+                committed = True
+            except (GpucrError, OSError) as e:
+                reports[0]["errors"].append(f"commit failed: {e}")
+    committed = comm.bcast(committed, root=0)
+    if not committed:
+        rep["errors"] += resume_held(gen_dir, rep["units"])  # before the .h5 files go
+        comm.allreduce(1, op=MIN)
+        if comm.rank == 0:
+            generations.discard(gen_dir)  # the processes never stopped: nothing else to undo
+    if comm.rank == 0:
+        errors = [e for r in reports for e in r["errors"]]
+        print(json.dumps({"result": {
+            "committed": committed, "generation": gen_dir.name, "image": str(gen_dir),
+            "errors": errors, "nodes": [r["node"] for r in reports],
+            "units": [u["name"] for r in reports for u in r["units"]],
+            "bytes": sum(u["bytes"] for r in reports for u in r["units"]),
+            "prepare_s": max(r["prepare_s"] for r in reports)}}), flush=True)
+    return 0  # the outcome is in the result line; non-zero means an agent broke
+
+
+def _in_place(job: dict, action: str) -> dict:
+    """Checkpoint (action "checkpoint") or restore every unit of this node in place."""
+    from gpucr_hpc.process import in_place
+
+    site = load_site()
+    node = node_name()
+    run_dir = site.job_run_dir(job["id"], node)
+    os.environ["GPUCR_RUN_DIR"] = str(run_dir)
+    t0 = time.monotonic()
+    done, errors = [], []
+    for u in local_units(run_dir, node):
+        try:
+            fn = in_place.checkpoint_tree if action == "checkpoint" else in_place.restore_tree
+            rep = fn(u.pid, run_dir=run_dir)
+            done.append({"unit": u.name, "bytes": rep["bytes"], "processes": len(rep["processes"]),
+                         "gpu_processes": sum(1 for p in rep["processes"] if p["cuda"]),
+                         "phases": rep["phases"]})
+        except (NoGpuState, NotCheckpointed):
+            continue  # nothing on a GPU in this unit, or nothing left to restore
+        except GpucrError as e:
+            errors.append(f"{u.name} on {node}: {e.one_line()}")
+    return {"node": node, "ok": not errors, "units": done, "errors": errors,
+            "seconds": time.monotonic() - t0}
+
+
+def run_yield(args) -> int:
+    comm, MIN = world()
+    job = json.loads(args.job_json)
+    rep = _in_place(job, "checkpoint")
+    yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
+    if not yes and rep["units"]:
+        rep["undone"] = _in_place(job, "restore")["ok"]  # the suspend is off: give the GPU back
+    print(json.dumps({"node_report": rep}), flush=True)
+    reports = comm.gather(rep, root=0)
+    if comm.rank == 0:
+        print(json.dumps({"result": _in_place_result(reports, bool(yes))}), flush=True)
+    return 0
+
+
+def run_reclaim(args) -> int:
+    comm, MIN = world()
+    return _report_in_place(comm, MIN, _in_place(json.loads(args.job_json), "restore"))
+
+
+def _report_in_place(comm, MIN, rep: dict) -> int:
+    """This node's report, then (rank 0) the job's result: ok only if every node's is."""
+    print(json.dumps({"node_report": rep}), flush=True)
+    reports = comm.gather(rep, root=0)
+    ok = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
+    if comm.rank == 0:
+        print(json.dumps({"result": _in_place_result(reports, bool(ok))}), flush=True)
+    return 0
+
+
+def run_resume_held(args) -> int:
+    """After a failed requeue: every node's held units get their GPU state back."""
+    comm, MIN = world()
+    t0 = time.monotonic()
+    gen_dir = Path(args.gen_dir)
+    node = node_name()
+    try:
+        units = [u for u in mf.load(gen_dir)["units"].values() if u.get("node") == node]
+    except GpucrError as e:
+        units, early = [], [f"{node}: {e.one_line()}"]
+    else:
+        early = []
+    mine = [u for u in units if u.get("gpu_held")]
+    errors = early + resume_held(gen_dir, mine)
+    rep = {"node": node, "ok": not errors, "errors": errors, "seconds": time.monotonic() - t0,
+           "units": [{"unit": u["name"], "bytes": u.get("bytes", 0), "gpu_processes": 1} for u in mine]}
+    return _report_in_place(comm, MIN, rep)
+
+
+def _in_place_result(reports: list[dict], ok: bool) -> dict:
+    units = [u for r in reports for u in r["units"]]
+    return {"ok": ok, "errors": [e for r in reports for e in r["errors"]],
+            "nodes": [r["node"] for r in reports], "units": [u["unit"] for u in units],
+            "bytes": sum(u["bytes"] for u in units),
+            "gpu_processes": sum(u["gpu_processes"] for u in units),
+            "seconds": max(r["seconds"] for r in reports)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gpucr_hpc.job.agent")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("checkpoint")
+    c.add_argument("--job-json", required=True)
+    c.add_argument("--gen-dir", required=True)
+    c.add_argument("--hold-gpu", action="store_true", help="leave the GPU handed back (preempt)")
+    for name in ("yield", "reclaim"):
+        sub.add_parser(name).add_argument("--job-json", required=True)
+    r = sub.add_parser("resume-held")
+    r.add_argument("--job-json", required=True)
+    r.add_argument("--gen-dir", required=True)
+    args = p.parse_args(argv)
+    return {"checkpoint": run_checkpoint, "yield": run_yield, "reclaim": run_reclaim,
+            "resume-held": run_resume_held}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""Restoring a requeued job inside its new batch step.
+
+When a `--gpucr=on` job starts and its own submission has a committed
+checkpoint (whatever its restart count; generations.start_target), or it was
+submitted again from one (GPUCR_RESTORE_FROM), the plugin sets
+GPUCR_RESTORE_BATCH=1 and the
+batch supervisor (job/batch_supervisor.py) calls this instead of starting the
+script (the original script's path is in GPUCR_BATCH_SCRIPT).
+
+1. put the job's output files back as they were at the checkpoint (the new
+   batch step truncated them), so the restored processes find them unchanged;
+2. restore the batch script's tree with CRIU, in a new PID namespace;
+3. restore the ranks of the `srun` step that was running, as a new step with
+   the same layout; when it ends, hand its exit status to the restored srun
+   wrapper, so the script continues after `srun` as if it had returned;
+4. the supervisor waits for the restored script and exits with its status.
+
+If no checkpoint can be restored, the job is requeued and held with the
+reason, and the image is left as it was (never deleted, never modified).
+
+The job's lock (job/lock.py) is held from step 1 until every rank is back:
+a checkpoint taken meanwhile would find ranks missing and commit a
+generation without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from gpucr_hpc.store import files as image_store
+
+from gpucr_hpc.job import dirs as job_dirs
+
+from gpucr_hpc.job import generations
+
+from gpucr_hpc.job import lock as job_lock
+
+from gpucr_hpc.process import image as process_image
+
+from gpucr_hpc.slurm import commands as slurm
+from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.slurm.site import load_site
+
+
+LOG_NAME = "restore.log"
+RANKS_BACK = "ranks-back"  # one file per rank restored by the running restore step
+LOCK_WAIT_S = 60.0  # a command that holds the job's lock as its next run starts
+RANKS_POLL_S = 0.2
+# gpucr's own lines in the job's output, kept to be written again after a restore
+# rewinds the output to a checkpoint that came before them.
+SAID_NAME = "output-lines.jsonl"
+_log_path: Path | None = None
+
+
+def open_log(job_dir: Path | None) -> None:
+    """None: a job dir that must not be written to; the log goes nowhere."""
+    global _log_path
+    _log_path = job_dir / LOG_NAME if job_dir is not None else None
+
+
+def log(msg: str) -> None:
+    """Into <image root>/<jobid>/restore.log: the job's own output must stay
+    byte-identical to the checkpoint until the processes are back."""
+    if _log_path is None:
+        return
+    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURMD_NODENAME', '')} {msg}\n"
+    try:  # the user's alone, and never through a symlink planted there
+        fd = os.open(_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def say(line: str) -> None:
+    """A line of gpucr's in the job's output (stderr), also kept with the checkpoint it
+    follows: a restore from that checkpoint or an older one writes it again."""
+    print(line, file=sys.stderr, flush=True)
+    if _log_path is None:
+        return
+    record = {"after": _generation_number(generations.read_pointer(_log_path.parent, generations.LATEST)),
+              "line": line}
+    try:
+        with open(_log_path.parent / SAID_NAME, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:
+        pass  # it is in the output; only a later rewind could lose it
+
+
+def _generation_number(gen: Path | None) -> int:
+    return int(gen.name.split("-")[1]) if gen is not None else 0
+
+
+def say_again_after_rewind(gen: Path) -> None:
+    """The lines put_back_outputs took away: those said after `gen` was checkpointed.
+    Only once the restored processes hold the output file, whose size CRIU checks."""
+    try:
+        records = (gen.parent / SAID_NAME).read_text().splitlines()
+    except OSError:
+        return
+    n = _generation_number(gen)
+    for text in records:
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            continue  # a line cut by a full disk
+        if rec.get("after", 0) >= n:
+            print(rec.get("line", ""), file=sys.stderr, flush=True)
+
+
+def unreadable(e: OSError) -> str:
+    return f"cannot read {e.filename}: {e.strerror}" if e.filename else f"a file cannot be read: {e.strerror or e}"
+
+
+def check_generation(gen: Path, jobid: str) -> dict:
+    """Every unit image is committed and intact before anything is touched."""
+    older = (f"restore an older generation: gpucr-hpc restore {jobid} --from N "
+             f"(gpucr-hpc ls {jobid} lists them)")
+    try:
+        m = mf.load(gen)
+        image_store.verify(gen, m)
+    except GpucrError as e:
+        raise UnusableGeneration(f"{gen.name} is not usable", e.cause, older) from e
+    except OSError as e:  # an unreadable file is a bad image like any other: the job is held
+        raise UnusableGeneration(f"{gen.name} is not usable", unreadable(e), older) from e
+    for name in m.get("units", {}):
+        try:
+            image_store.open_image(gen / name)
+        except GpucrError as e:
+            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", e.cause, older) from e
+        except OSError as e:
+            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", unreadable(e), older) from e
+    return m
+
+
+class UnusableGeneration(GpucrError):
+    """A generation that cannot be restored: `summary` is the short form (a job's Comment)."""
+
+    def __init__(self, summary: str, why: str, fix: str):
+        super().__init__(f"{summary}: {why}", fix)
+        self.summary = summary
+
+
+def put_back_outputs(gen: Path, m: dict) -> None:
+    for u in m["units"].values():
+        for path, rec in (u.get("saved_output") or {}).items():
+            with open(gen / rec["file"], "rb") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def register(run_dir: Path, unit: dict, pid: int) -> None:
+    """Record a restored unit in this node's task registry, as the plugin does for tasks."""
+    tasks = run_dir / "tasks"
+    tasks.mkdir(parents=True, exist_ok=True, mode=0o700)
+    name = f"{unit['step']}.{unit['rank']}"
+    tmp = tasks / f".{name}.tmp"
+    tmp.write_text(f"pid={pid}\nrank={unit['rank']}\nlocal_id={unit['rank']}\nstep={unit['step']}\n")
+    tmp.rename(tasks / name)
+
+
+def provide_batch_script(gen: Path, unit: dict) -> list[Path]:
+    """bash keeps its script open: the restored shell needs it at its old path.
+
+    On a cluster that path (slurmd's spool) is the same on every node and the
+    restarted job's identical script is there; on another node of a test
+    cluster sharing one machine it differs, so the new copy is put there.
+    Returns what was created: it must go once the shell has it open, since
+    that is another slurmd's spool (it would refuse to launch the job there).
+    """
+    script = os.environ.get("GPUCR_BATCH_SCRIPT")
+    created: list[Path] = []
+    if not script:
+        return created
+    for rec in mf.load(gen / unit["name"]).get("open_files") or []:
+        old = Path(rec["path"])
+        if old.name == Path(script).name and not old.exists():
+            if not old.parent.exists():
+                old.parent.mkdir(parents=True, mode=0o700)
+                created.append(old.parent)
+            shutil.copy2(script, old)
+            created.insert(0, old)
+    return created
+
+
+def remove_created(paths: list[Path]) -> None:
+    for p in paths:  # files first, then their directories
+        try:
+            p.rmdir() if p.is_dir() else p.unlink()
+        except OSError:
+            pass
+
+
+def restore_unit(gen: Path, unit: dict, site, jobid: str,
+                 inherit: dict[int, str] | None = None) -> dict:
+    """Restore one unit in a new PID namespace and record it in this node's registry."""
+    # The shim's control socket is bound under the run dir of the node it ran on
+    # (of the job id it ran as: a resubmitted job has a new one).
+    old_id = str(mf.load(gen)["job"]["id"])
+    old_run_dir = site.job_run_dir(old_id, unit["node"])
+    try:
+        old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
+    except OSError as e:
+        if old_id != str(jobid):
+            raise GpucrError(f"cannot recreate {e.filename} of job {old_id}, which job {jobid} "
+                             f"was submitted again from: {e.strerror}",
+                             f"as root on {unit['node']}: mkdir -p -m 0700 {e.filename} and chown it "
+                             f"to the job's user, then scontrol release {jobid}") from e
+        # Only where node paths differ by node name (several slurmd on one machine, %n):
+        # an ordinary user cannot create another node's run or spool dir.
+        raise GpucrError(f"cannot recreate {e.filename} of node {unit['node']}: {e.strerror}",
+                         f"give every node the same run dir and spool paths (no %n), or restore "
+                         f"it on {unit['node']}: scontrol update jobid={jobid} nodelist={unit['node']}, "
+                         f"then gpucr-hpc restore {jobid}") from e
+    try:
+        # check_generation verified every unit before the job's restore began.
+        rep = process_image.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
+                                   inherit=inherit, checksums_verified=True, tied=True)
+    finally:
+        remove_created(created)  # the restored shell holds it open by now
+    register(site.job_run_dir(jobid), unit, rep["pid"])
+    return rep
+
+
+def rank_back(job_dir: Path, procid: int) -> None:
+    """Said by a rank's restore task once its rank runs again."""
+    (Path(job_dir) / RANKS_BACK / str(procid)).touch()
+
+
+def _ranks_back(job_dir: Path) -> int:
+    try:
+        return len(os.listdir(Path(job_dir) / RANKS_BACK))
+    except OSError:
+        return 0
+
+
+def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = None) -> int | None:
+    """The srun step that was running: restored as a new step of the same layout.
+    `lock` (the job's) is let go once every rank is back, or the step has ended."""
+    ranks = [u for u in m["units"].values() if u["name"].startswith("rank-")]
+    lock = lock or ExitStack()
+    if not ranks:
+        lock.close()
+        return None
+    back_dir = gen.parent / RANKS_BACK
+    shutil.rmtree(back_dir, ignore_errors=True)  # an earlier restore's
+    back_dir.mkdir(mode=0o700)
+    nodes = sorted({u["node"] for u in ranks})
+    argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(ranks)}", "--gpucr=off",
+            "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
+            "--distribution=block", sys.executable, "-m", "gpucr_hpc.job.rank_restore",
+            "--gen-dir", str(gen)]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE"))}
+    # The real srun: the wrapper is first in PATH in the batch step.
+    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p != load_site().bindir)
+    step = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    while step.poll() is None and _ranks_back(gen.parent) < len(ranks):
+        time.sleep(RANKS_POLL_S)
+    lock.close()
+    return step.wait()
+
+
+def hand_status(m: dict, rc: int) -> None:
+    for path in {u.get("srun_status") for u in m["units"].values() if u.get("srun_status")}:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{rc}\n")
+        os.rename(tmp, path)
+
+
+class RestoreFailed(Exception):
+    """The job could not be restored; it was requeued and held with the reason."""
+
+
+def give_up(jobid: str, reason: str, summary: str, then: str) -> RestoreFailed:
+    """The job requeued and held. `reason`, the whole line, goes to restore.log and the
+    job's output; its Comment says `summary` (what failed, a few words) and `then` (the
+    command that restores it once fixed): short and whole by construction, never cut."""
+    log(reason)
+    say(reason)
+    slurm.requeue_hold(jobid, hold_comment(jobid, summary, then))
+    return RestoreFailed(reason)
+
+
+def hold_comment(jobid: str, summary: str, then: str) -> str:
+    return f"gpucr: cannot restore job {jobid}: {summary}; why: gpucr-hpc status {jobid}; then: {then}"
+
+
+def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, dict | None]:
+    """Steps 1 and 2: returns the job manifest, its generation and the report
+    of the script tree's restore ("pid": the restored script, "_launcher": the
+    process whose exit status is the script's), or None for a job that had no
+    batch unit. Raises RestoreFailed."""
+    job_dir = site.job_image_dir(jobid)
+    try:
+        job_dirs.check(job_dir, os.geteuid())  # the job's own, or never used (not even to log)
+    except GpucrError as e:
+        open_log(None)
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      "its image directory is not the job's own", "fix its owner and mode, "
+                      f"gpucr-hpc restore {jobid}") from e
+    open_log(job_dir)
+    from_older = f"gpucr-hpc restore {jobid} --from N"
+    try:
+        lock.enter_context(job_lock.held(job_dir, jobid, os.geteuid(), f"the restore of job {jobid}",
+                                         wait_s=LOCK_WAIT_S))
+    except GpucrError as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      "another command held the job", f"gpucr-hpc restore {jobid}") from e
+    try:
+        gen = generations.start_target(job_dir, os.environ.get("GPUCR_SUBMISSION"),
+                                      os.environ.get("GPUCR_RESTORE_FROM"))
+        m = check_generation(gen, jobid)
+    except UnusableGeneration as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e
+    except GpucrError as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      "no committed checkpoint to restore", from_older) from e
+    except OSError as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {unreadable(e)}",
+                      "its checkpoint cannot be read", from_older) from e
+    log(f"restoring job {jobid} from {gen}")
+    t0 = time.monotonic()
+    put_back_outputs(gen, m)
+    for u in m["units"].values():  # a stale status from before the checkpoint must not count
+        if u.get("srun_status"):
+            Path(u["srun_status"]).unlink(missing_ok=True)
+    batch = None
+    try:
+        if "batch" in m["units"]:
+            batch = restore_unit(gen, m["units"]["batch"], site, jobid)
+        (job_dir / generations.RESTORE).unlink(missing_ok=True)
+    except GpucrError as e:
+        if batch is not None:
+            batch["_launcher"].kill()
+        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}",
+                      f"the script's tree of {gen.name} did not restore",
+                      f"fix that, gpucr-hpc restore {jobid}") from e
+    say_again_after_rewind(gen)  # the restored tree holds the output at its checkpoint size
+    steps = (batch or {}).get("timings") or {}  # CRIU and GPU parts: the figures of a restore
+    log(f"batch tree restored in {time.monotonic() - t0:.2f} s "
+        + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s")}))
+    return m, gen, batch
+
+
+def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | None,
+                  lock: ExitStack | None = None) -> int | None:
+    """Step 3: the srun step's ranks; their status goes to the restored srun
+    wrapper. Returns the step's exit status (None: there was no step)."""
+    try:
+        rc = restore_rank_step(gen, m, jobid, lock)
+    except GpucrError as e:
+        if launcher is not None:
+            launcher.kill()
+        raise give_up(jobid, f"gpucr: restore of job {jobid} from {gen.name} failed: {e.one_line()}",
+                      f"the ranks of {gen.name} did not restore", f"fix that, gpucr-hpc restore {jobid}") from e
+    if rc is not None:
+        hand_status(m, rc)
+    return rc

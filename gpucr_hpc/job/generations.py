@@ -1,0 +1,246 @@
+"""A job's checkpoints in the image store: generations, commit, LATEST.
+
+    <image root>/<jobid>/
+        gen-<N>/
+            batch/             the batch script's process tree (a process image)
+            rank-<step>.<r>/   one task of an srun step (a process image)
+            output/            the job's stdout/stderr as they were at checkpoint
+            manifest.json      the job manifest (kind "job"): units, nodes, sizes
+            COMMITTED          written last, by rank 0, once every node voted yes
+        LATEST                 "gen-<N>" and its submission, one per line: the
+                               newest committed generation
+        RESTORE                the same: the generation the next start restores
+                               (written by `restore --from`; LATEST when absent)
+        SUBMISSION             the submission that last started under this job id
+
+A generation is complete only with COMMITTED.
+
+A generation belongs to one *submission* of the job: its manifest's
+"submission" is the job's GPUCR_SUBMISSION, `<cluster>:<uid>:<token>`, where
+the token is made by the plugin when sbatch/salloc/srun created the job and
+kept by Slurm across requeues (spank/submission.h). Slurm hands a job id out
+again once slurmctld has lost its state; the new job's generations then go
+into the same directory, numbered on, and the old submission's stay there,
+never restored for the new job (start_target, restore_target) and never
+pruned by it (prune): `gpucr-hpc ls` shows them as another submission's.
+Within a submission, the previous committed generation is kept until a newer
+one commits; older ones are pruned then.
+
+A resubmitted job (a job Slurm forgot, brought back by `gpucr-hpc restore`)
+has a new id and a new submission; GPUCR_RESTORE_FROM in its environment names
+the old generation, restored at its start until it has one of its own, and
+only for the same user on the same cluster (resubmission_source).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from gpucr_hpc.job import dirs as job_dirs
+from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.errors import GpucrError
+
+LATEST = "LATEST"
+RESTORE = "RESTORE"
+SUBMISSION = "SUBMISSION"
+KEEP_COMMITTED = 2
+
+
+def gen_name(n: int) -> str:
+    return f"gen-{n}"
+
+
+def generations(job_dir: Path) -> list[tuple[int, Path, bool]]:
+    """(N, path, committed) of every generation, oldest first."""
+    out = []
+    try:
+        entries = list(Path(job_dir).iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        m = re.fullmatch(r"gen-(\d+)", p.name)
+        if m and p.is_dir():
+            out.append((int(m.group(1)), p, (p / mf.COMMITTED).exists()))
+    return sorted(out)
+
+
+def new_generation(job_dir: Path, owner_uid: int) -> Path:
+    """Create gen-<N+1>; N counts every generation ever started, committed or not."""
+    job_dir = job_dirs.ensure(Path(job_dir), owner_uid)  # the job user's alone, or refused
+    gens = generations(job_dir)
+    n = gens[-1][0] + 1 if gens else 1
+    path = job_dir / gen_name(n)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError as e:  # the job's lock keeps gpucr-hpc commands apart; anything else
+        raise GpucrError(f"{path} appeared while this checkpoint began",
+                         "something outside gpucr-hpc writes into the job's directory; "
+                         "the job was left running") from e
+    if os.geteuid() == 0:
+        os.chown(path, owner_uid, -1)
+    return path
+
+
+def _pointer_lines(job_dir: Path, name: str) -> list[str]:
+    try:
+        return (Path(job_dir) / name).read_text().split()
+    except OSError:
+        return []
+
+
+def read_pointer(job_dir: Path, name: str) -> Path | None:
+    lines = _pointer_lines(job_dir, name)
+    if not lines or not re.fullmatch(r"gen-\d+", lines[0]):
+        return None
+    return Path(job_dir) / lines[0]
+
+
+def pointer_submission(job_dir: Path, name: str) -> str | None:
+    """The submission the pointer's generation belongs to (None: not recorded)."""
+    lines = _pointer_lines(job_dir, name)
+    return lines[1] if len(lines) > 1 else None
+
+
+def write_pointer(job_dir: Path, name: str, gen_dir: Path, submission: str | None) -> None:
+    """The restart decision in spank/restart.c reads these two lines."""
+    text = f"{Path(gen_dir).name}\n" + (f"{submission}\n" if submission else "")
+    mf.write_atomic(Path(job_dir) / name, text.encode(), mode=0o644)
+
+
+def generation_submission(gen_dir: Path) -> str | None:
+    """The submission recorded in a generation's manifest (None: none or unreadable)."""
+    try:
+        return json.loads((Path(gen_dir) / mf.MANIFEST).read_text()).get("submission")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def current_submission(job_dir: Path) -> str | None:
+    """The submission that last started (or committed) under this job id."""
+    lines = _pointer_lines(job_dir, SUBMISSION)
+    return lines[0] if lines else pointer_submission(job_dir, LATEST)
+
+
+def claim(job_dir: Path, submission: str | None) -> None:
+    """Record, at a job's start, that this id now belongs to `submission`: the
+    generations of any other are then another submission's. Only where the
+    job id already has a directory (no directory is made for a job that
+    never checkpoints); not being able to write it changes nothing else."""
+    job_dir = Path(job_dir)
+    if not submission or not job_dir.is_dir() or current_submission(job_dir) == submission:
+        return
+    try:
+        mf.write_atomic(job_dir / SUBMISSION, f"{submission}\n".encode(), mode=0o644)
+    except OSError:
+        pass
+
+
+def commit_generation(gen_dir: Path, manifest: dict) -> None:
+    """manifest + COMMITTED (atomic), then LATEST, then prune the submission's old generations."""
+    mf.commit(gen_dir, manifest)
+    job_dir = gen_dir.parent
+    submission = manifest.get("submission")
+    write_pointer(job_dir, LATEST, gen_dir, submission)
+    claim(job_dir, submission)
+    uid = manifest.get("owner_uid")
+    if os.geteuid() == 0 and uid is not None:
+        for p in (gen_dir, gen_dir / mf.MANIFEST, gen_dir / mf.COMMITTED, job_dir / LATEST,
+                  job_dir / SUBMISSION):
+            if p.exists():
+                os.chown(p, uid, -1)
+    prune(job_dir, submission)
+
+
+def prune(job_dir: Path, submission: str | None, keep: int = KEEP_COMMITTED) -> None:
+    """Keep the newest `keep` committed generations of `submission` (and any newer
+    uncommitted one in flight); another submission's are never touched."""
+    committed = [g for g in generations(job_dir) if g[2] and generation_submission(g[1]) == submission]
+    pinned = read_pointer(job_dir, RESTORE)
+    for n, path, _ in committed[:-keep]:
+        if path != pinned:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def discard(gen_dir: Path) -> None:
+    """Remove an uncommitted generation (an aborted checkpoint); never a committed one."""
+    if (Path(gen_dir) / mf.COMMITTED).exists():
+        raise GpucrError(f"{gen_dir} is committed", "committed generations are never discarded")
+    shutil.rmtree(gen_dir, ignore_errors=True)
+
+
+def committed_of(job_dir: Path, submission: str | None) -> list[Path]:
+    """The committed generations of one submission, oldest first."""
+    return [p for _, p, c in generations(job_dir) if c and generation_submission(p) == submission]
+
+
+def restore_target(job_dir: Path, gen: int | None = None, submission: str | None = None) -> Path:
+    """The committed generation of `submission` to restore: `gen`, else RESTORE,
+    else LATEST. `submission` None: the one that last started under this id."""
+    job_dir = Path(job_dir)
+    if submission is None:
+        submission = current_submission(job_dir)
+    if gen is not None:
+        path = job_dir / gen_name(gen)
+    else:
+        path = next((read_pointer(job_dir, name) for name in (RESTORE, LATEST)
+                     if pointer_submission(job_dir, name) == submission and read_pointer(job_dir, name)),
+                    None)
+    mine = ", ".join(p.name for p in committed_of(job_dir, submission)) or "none"
+    if path is None:
+        raise GpucrError(f"no committed checkpoint of this submission of job {job_dir.name} under {job_dir}",
+                         "checkpoint the job first (gpucr-hpc checkpoint JOBID)")
+    if not (path / mf.COMMITTED).exists():
+        raise GpucrError(f"{path} is not a committed checkpoint", f"pick one of: {mine}")
+    if generation_submission(path) != submission:
+        raise GpucrError(f"{path.name} belongs to another submission of job id {job_dir.name} "
+                         "(Slurm gave the id out again), not to this job",
+                         f"pick one of this job's: {mine}; or bring the earlier job back as a new one: "
+                         f"gpucr-hpc restore {job_dir.name} --from {path.name[4:]} --resubmit")
+    return path
+
+
+def start_target(job_dir: Path, submission: str | None, restore_from: str | None) -> Path:
+    """What a starting job restores, the same choice as spank/restart.c makes:
+    its own submission's RESTORE or LATEST, else a resubmission's source."""
+    job_dir = Path(job_dir)
+    for name in (RESTORE, LATEST):
+        path = read_pointer(job_dir, name)
+        if (submission and path and pointer_submission(job_dir, name) == submission
+                and (path / mf.COMMITTED).exists()):
+            return restore_target(job_dir, int(path.name[4:]), submission)
+    if restore_from:
+        return resubmission_source(Path(restore_from), submission)
+    raise GpucrError(f"no committed checkpoint of this submission of job {job_dir.name} under {job_dir}",
+                     "the job starts from the top when it runs again")
+
+
+def any_committed(job_dir: Path, gen: int | None = None) -> Path:
+    """A committed generation of any submission: `gen`, else the newest. For a job
+    Slurm forgot, which no longer has a "current" submission to go by."""
+    committed = [p for _, p, c in generations(job_dir) if c]
+    path = Path(job_dir) / gen_name(gen) if gen is not None else (committed[-1] if committed else None)
+    if path is None or path not in committed:
+        raise GpucrError(f"no committed checkpoint {path.name if path else ''} under {job_dir}".replace("  ", " "),
+                         f"pick one of: {', '.join(p.name for p in committed) or 'none'}")
+    return path
+
+
+def submission_parts(submission: str | None) -> tuple[str, str]:
+    """(cluster, uid) of "<cluster>:<uid>:<token>"."""
+    cluster, _, rest = (submission or "").partition(":")
+    return cluster, rest.partition(":")[0]
+
+
+def resubmission_source(gen_dir: Path, submission: str | None) -> Path:
+    """The old generation a resubmitted job restores: committed, of this user and cluster."""
+    m = mf.load(gen_dir)
+    theirs = submission_parts(m.get("submission"))
+    if not submission or theirs != submission_parts(submission) or str(m.get("owner_uid")) != theirs[1]:
+        raise GpucrError(f"{gen_dir} belongs to uid {theirs[1] or '?'} on cluster {theirs[0] or '?'}, "
+                         f"not to this job (uid {submission_parts(submission)[1]})",
+                         "a job can only be brought back from its own user's checkpoint")
+    return gen_dir

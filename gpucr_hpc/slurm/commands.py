@@ -1,0 +1,212 @@
+"""Slurm access through its command line, which works with every Slurm version.
+
+(pyslurm would be the other backend, but it only builds against the Slurm
+release of the same major.minor, and PyPI has none for the 22.05 that Debian 12
+ships; the CLI is the backend that always works.)
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from gpucr_hpc.errors import GpucrError
+
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS  # noqa: F401 - part of this module's interface
+
+
+class JobUnknown(GpucrError):
+    """Slurm knows no job of this id (it ended long ago, or slurmctld lost its state)."""
+
+
+# States Slurm shows while a job moves on (job_state_string's flags): a requeue or a
+# release asked then is refused ("Job is pending execution") or acts on the old state.
+SETTLING_STATES = {"COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING",
+                   "STAGE_OUT", "RESIZING"}
+SETTLE_S = 120.0
+
+
+@dataclass
+class Job:
+    id: str
+    state: str
+    uid: int
+    user: str
+    nodes: list[str]
+    batch_host: str
+    restart_count: int
+    partition: str
+    std_out: str
+    std_err: str
+    requeue: bool
+    raw: dict = field(repr=False, default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "RUNNING"
+
+    @property
+    def settling(self) -> bool:
+        """On its way between states: its processes still end (COMPLETING, for up to
+        KillWait and the epilog), or a requeue is still carried out."""
+        return self.state in SETTLING_STATES
+
+
+def run(*argv: str, timeout: float = 60, check: bool = True,
+        fix: str = "check the job id and that slurmctld runs") -> subprocess.CompletedProcess:
+    try:
+        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise GpucrError(f"{argv[0]} not found", "install the Slurm client commands or fix PATH")
+    except subprocess.TimeoutExpired:
+        raise GpucrError(f"{' '.join(argv[:3])} did not answer in {timeout:.0f} s",
+                         "check that slurmctld runs (scontrol ping)")
+    if check and out.returncode != 0:
+        msg = (out.stderr.strip() or out.stdout.strip()).splitlines()
+        raise GpucrError(f"{' '.join(argv[:3])} failed: {msg[-1] if msg else out.returncode}", fix)
+    return out
+
+
+def parse_one_line(text: str) -> dict:
+    """`scontrol show ... -o`: unquoted Key=Value pairs; values may hold spaces."""
+    pairs = re.split(r" (?=[A-Za-z:/]+=)", text.strip())
+    out = {}
+    for p in pairs:
+        k, _, v = p.partition("=")
+        out[k] = v
+    return out
+
+
+def hostnames(nodelist: str) -> list[str]:
+    if not nodelist or nodelist == "(null)":
+        return []
+    return run("scontrol", "show", "hostnames", nodelist).stdout.split()
+
+
+def settled_job(jobid: str, wait_s: float = SETTLE_S) -> Job:
+    """The job once it has stopped moving between states (see SETTLING_STATES)."""
+    deadline = time.monotonic() + wait_s
+    job = show_job(jobid)
+    while job.settling:
+        if time.monotonic() > deadline:
+            raise GpucrError(f"job {jobid} is still {job.state} after {wait_s:.0f} s",
+                             f"try again once `squeue -j {jobid}` shows it pending or gone "
+                             "(a slow epilog or an unkillable process keeps it there)")
+        time.sleep(0.5)
+        job = show_job(jobid)
+    return job
+
+
+def show_job(jobid: str) -> Job:
+    if not re.fullmatch(r"\d+", str(jobid)):
+        raise GpucrError(f"'{jobid}' is not a job id", "give the numeric Slurm job id")
+    out = run("scontrol", "show", "job", "-o", str(jobid), check=False)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise JobUnknown(f"no job {jobid} known to Slurm",
+                         "check the id with squeue; finished jobs are forgotten after MinJobAge")
+    d = parse_one_line(out.stdout.splitlines()[0])
+    user, _, uid = d.get("UserId", "?(-1)").partition("(")
+    return Job(
+        id=str(jobid), state=d.get("JobState", "UNKNOWN"), uid=int(uid.rstrip(")") or -1),
+        user=user, nodes=hostnames(d.get("NodeList", "")), batch_host=d.get("BatchHost", ""),
+        restart_count=int(d.get("Restarts", "0") or 0), partition=d.get("Partition", ""),
+        std_out=d.get("StdOut", ""), std_err=d.get("StdErr", ""),
+        requeue=d.get("Requeue", "1") == "1", raw=d)
+
+
+def check_access(job: Job, fix: str = "only the job's owner or root can checkpoint, restore or signal it "
+                                      "(Slurm lets no one else start its node agents in it): ask its owner, "
+                                      "or run the command as root") -> None:
+    """Only root and the job's owner may act on a job, or see its checkpoints."""
+    me = os.geteuid()
+    if me not in (0, job.uid):
+        raise GpucrError(f"job {job.id} belongs to {job.user} (uid {job.uid}), you are uid {me}", fix)
+
+
+def requeue(jobid: str) -> None:
+    run("scontrol", "requeue", str(jobid))
+
+
+def requeue_hold(jobid: str, reason: str, patience_s: float = 30.0) -> None:
+    """Requeue the job held, the reason in its Comment (short: the caller keeps it so,
+    never cut here). The reason goes first, so that it is there even if the requeue
+    fails; a job in a passing state (a step still launching or completing) is tried
+    again for `patience_s`."""
+    run("scontrol", "update", f"JobId={jobid}", f"Comment={reason}", check=False)
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            run("scontrol", "requeuehold", str(jobid))
+            return
+        except GpucrError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def release(jobid: str) -> None:
+    run("scontrol", "release", str(jobid))
+
+
+# sacctmgr's AdminLevel values that Slurm lets suspend and resume jobs.
+OPERATOR_LEVELS = {"operator", "administrator"}
+
+
+def _config() -> dict:
+    """`scontrol show config` as {key: value}."""
+    out = run("scontrol", "show", "config", check=False)
+    pairs = (line.partition("=") for line in out.stdout.splitlines() if " = " in line)
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+def _uid_in(user_field: str) -> int | None:
+    """SlurmUser is written `name(uid)`."""
+    m = re.search(r"\((\d+)\)", user_field)
+    return int(m.group(1)) if m else None
+
+
+def known_not_operator(uid: int) -> bool:
+    """True only when Slurm surely refuses this user a suspend or resume: not root, not
+    SlurmUser, and no AdminLevel of Operator or Administrator (only accounting holds
+    those). When that cannot be told (slurmdbd down), False: scontrol decides."""
+    conf = _config() if uid != 0 else {}
+    if not conf or _uid_in(conf.get("SlurmUser", "")) == uid:
+        return False  # root, SlurmUser, or no answer from slurmctld
+    if "slurmdbd" not in conf.get("AccountingStorageType", ""):
+        return True
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        out = run("sacctmgr", "-nP", "show", "user", name, "format=adminlevel", check=False)
+    except (KeyError, GpucrError):
+        return False
+    level = out.stdout.strip().lower()
+    return out.returncode == 0 and bool(level) and level not in OPERATOR_LEVELS
+
+
+def require_operator(verb: str, jobid: str) -> None:
+    """Slurm lets only operators and administrators suspend and resume jobs."""
+    uid = os.geteuid()
+    if known_not_operator(uid):
+        alt = (f"or preempt it yourself (gpucr-hpc preempt {jobid}: checkpointed, requeued, restored)"
+               if verb == "suspend" else "")
+        raise GpucrError(f"only Slurm operators and administrators may {verb} a job, and uid {uid} is neither",
+                         f"ask one to run `gpucr-hpc {verb} {jobid}` {alt}".strip())
+
+
+OPERATOR_FIX = ("only Slurm operators and administrators may suspend or resume a job: "
+                "ask one to run `gpucr-hpc {verb} {jobid}`")
+
+
+def suspend(jobid: str) -> None:
+    run("scontrol", "suspend", str(jobid), fix=OPERATOR_FIX.format(verb="suspend", jobid=jobid))
+
+
+def resume(jobid: str) -> None:
+    run("scontrol", "resume", str(jobid), fix=OPERATOR_FIX.format(verb="resume", jobid=jobid))

@@ -1,0 +1,480 @@
+"""GPU buffers of one process as an HDF5 file (h5py), readable with h5dump/h5ls.
+
+One dataset per GPU allocation, named `alloc-<va in hex>`, 1-D uint8 of the
+allocation's size, with attributes `va` (virtual address the shim maps it back
+to), `size` and `device` (ordinal at checkpoint time; the device's UUID is in
+the file attribute `device_uuids`). Datasets are contiguous and unfiltered, so
+writing and reading run at file system speed.
+
+`save_process` / `load_process` move the host arena of a live, checkpointed
+process (shim) to and from such a file; datasets written that way also carry
+`handle` (the shim's id of the allocation, matched on restore) and `host`
+(its address in the arena), and are named `handle-<id>` when not mapped whole.
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import errno
+import hashlib
+import mmap
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import h5py
+import numpy as np
+
+from gpucr_hpc.store import writeback
+
+GROUP = "allocations"
+
+
+@dataclass
+class Buffer:
+    va: int
+    size: int
+    device: int
+    data: object  # bytes-like or numpy uint8 array of `size` bytes
+
+
+def _dataset_name(va: int) -> str:
+    return f"alloc-{va:016x}"
+
+
+def write(path: Path, buffers: Iterable[Buffer], *, attrs: dict | None = None) -> int:
+    """Write buffers to a new HDF5 file; returns the number of payload bytes."""
+    total = 0
+    with h5py.File(path, "w-", libver="latest") as f:
+        for k, v in (attrs or {}).items():
+            f.attrs[k] = v
+        g = f.create_group(GROUP)
+        for b in buffers:
+            arr = np.frombuffer(b.data, dtype=np.uint8) if not isinstance(b.data, np.ndarray) else b.data.view(np.uint8).reshape(-1)
+            if arr.size != b.size:
+                raise ValueError(f"buffer at {b.va:#x}: {arr.size} bytes, expected {b.size}")
+            ds = g.create_dataset(_dataset_name(b.va), shape=(b.size,), dtype=np.uint8)
+            if b.size:
+                ds.write_direct(np.ascontiguousarray(arr))
+            ds.attrs["va"] = np.uint64(b.va)
+            ds.attrs["size"] = np.uint64(b.size)
+            ds.attrs["device"] = np.int32(b.device)
+            total += b.size
+    return total
+
+
+def list_buffers(path: Path) -> list[tuple[int, int, int]]:
+    """(va, size, device) of every allocation in the file, by address."""
+    with h5py.File(path, "r") as f:
+        out = [(int(ds.attrs["va"]), int(ds.attrs["size"]), int(ds.attrs["device"]))
+               for ds in f[GROUP].values()]
+    return sorted(out)
+
+
+def read(path: Path) -> Iterable[Buffer]:
+    """Yield every buffer with its data as a numpy uint8 array."""
+    with h5py.File(path, "r") as f:
+        for name in sorted(f[GROUP]):
+            ds = f[GROUP][name]
+            size = int(ds.attrs["size"])
+            arr = np.empty(size, dtype=np.uint8)
+            if size:
+                ds.read_direct(arr)
+            yield Buffer(va=int(ds.attrs["va"]), size=size, device=int(ds.attrs["device"]), data=arr)
+
+
+def read_into(path: Path, va: int, out) -> None:
+    """Read one allocation straight into a writable buffer (e.g. the shim's host arena)."""
+    with h5py.File(path, "r") as f:
+        ds = f[GROUP][_dataset_name(va)]
+        arr = np.frombuffer(out, dtype=np.uint8)
+        if arr.size != ds.shape[0]:
+            raise ValueError(f"allocation {va:#x}: {ds.shape[0]} bytes, target holds {arr.size}")
+        if arr.size:
+            ds.read_direct(arr)
+
+
+def string_array(values: list[str]) -> np.ndarray:
+    """A list of strings as an HDF5 attribute value (variable-length UTF-8)."""
+    return np.array(values, dtype=h5py.string_dtype())
+
+
+def file_attrs(path: Path) -> dict:
+    with h5py.File(path, "r") as f:
+        return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in f.attrs.items()}
+
+
+# -- a live process's arena <-> one HDF5 file ------------------------------------
+#
+# Whole-process migration saves the shim's arena (where the GPU data of a
+# checkpointed process lies) straight from the process's memory: the file's
+# layout is made first with h5py (contiguous datasets, storage allocated, no
+# fill), then the bytes are copied between the process (process_vm_readv /
+# process_vm_writev: the same permission CRIU needs) and the datasets' file
+# offsets, in large pieces, by several threads.
+
+COPY_CHUNK = 64 << 20
+COPY_WORKERS = 4
+# A checked load's worker reads a block, then hashes and copies it with no read
+# in flight: 8 keep the disk busy (4 left it idle ~30 % of the time on the H100
+# machine: 0.75 of the file system's read rate).
+LOAD_WORKERS = 8
+# GPUCR_LOAD_DIRECT=1: the checked load reads with O_DIRECT where the file system
+# allows it (no page cache copy). Off by default: on the H100 machine's virtual
+# disk, 8 threads read 0.76 of the file system's rate so and 0.90 through the
+# page cache, side by side (bench/results/image-read-h100-8g-run1.json); parallel
+# file systems may differ.
+LOAD_DIRECT = os.environ.get("GPUCR_LOAD_DIRECT", "0") in ("1", "yes", "on")
+DIRECT_ALIGN = 4096
+ALIGN = 1 << 20
+
+
+@dataclass
+class Blob:
+    """One allocation in the shim's arena (the shim's `blobs` reply)."""
+
+    handle: int   # the shim's handle of the allocation (stable across restore)
+    va: int       # where it is mapped whole in the process (0: not mapped whole)
+    size: int
+    device: int
+    host: int     # its address in the process's arena
+
+
+def blobs_from_reply(reply: dict) -> list[Blob]:
+    items = (reply.get("blobs") or {}).items()
+    return [Blob(handle=int(b["handle"]), va=int(b["va"]), size=int(b["size"]),
+                 device=int(b["device"]), host=int(b["host"]))
+            for _, b in sorted(items, key=lambda kv: int(kv[0]))]
+
+
+def _blob_name(b: Blob) -> str:
+    return _dataset_name(b.va) if b.va else f"handle-{b.handle:016x}"
+
+
+def _create_layout(path: Path, blobs: list[Blob], attrs: dict) -> list[int | None]:
+    """A new HDF5 file with one allocated, unfilled dataset per blob; their file offsets."""
+    offsets = []
+    try:
+        f = h5py.File(path, "w-", libver="latest", alignment_threshold=ALIGN, alignment_interval=ALIGN)
+    except TypeError:  # h5py < 3.5
+        f = h5py.File(path, "w-", libver="latest")
+    with f:
+        for k, v in attrs.items():
+            f.attrs[k] = v
+        g = f.create_group(GROUP)
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_layout(h5py.h5d.CONTIGUOUS)
+        dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+        for b in blobs:
+            ds = g.create_dataset(_blob_name(b), shape=(b.size,), dtype=np.uint8, dcpl=dcpl)
+            for k, v in (("va", b.va), ("size", b.size), ("handle", b.handle), ("host", b.host)):
+                ds.attrs[k] = np.uint64(v)
+            ds.attrs["device"] = np.int32(b.device)
+            offsets.append(ds.id.get_offset() if b.size else None)
+    return offsets
+
+
+def _layout(path: Path) -> dict[int, tuple[int, int | None]]:
+    """handle -> (size, file offset) of every dataset of a file written by save_process."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        for ds in f[GROUP].values():
+            size = int(ds.attrs["size"])
+            out[int(ds.attrs["handle"])] = (size, ds.id.get_offset() if size else None)
+    return out
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_LIBC = None
+
+
+def _libc():
+    global _LIBC
+    if _LIBC is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        for name in ("process_vm_readv", "process_vm_writev"):
+            fn = getattr(libc, name)
+            fn.restype = ctypes.c_ssize_t
+            fn.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                           ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+        _LIBC = libc
+    return _LIBC
+
+
+def _vm_copy(pid: int, local: np.ndarray, remote: int, n: int, write: bool) -> None:
+    """n bytes between our buffer and the process's address `remote` (ctypes drops the GIL)."""
+    fn = _libc().process_vm_writev if write else _libc().process_vm_readv
+    done = 0
+    base = local.ctypes.data
+    while done < n:
+        lv = _Iovec(base + done, n - done)
+        rv = _Iovec(remote + done, n - done)
+        got = fn(pid, ctypes.byref(lv), 1, ctypes.byref(rv), 1, 0)
+        if got <= 0:
+            err = ctypes.get_errno()
+            raise OSError(err or errno.EIO, f"process_vm_{'writev' if write else 'readv'} of process "
+                                            f"{pid} at {remote + done:#x}: {os.strerror(err or errno.EIO)}")
+        done += got
+
+
+def _in_threads(items, workers: int, buf_bytes: int, one) -> int:
+    """one(buf, item) for each item, `workers` threads taking the items in order, each
+    with its own buffer of buf_bytes (ctypes, os.pread/pwrite and hashlib release the
+    GIL); returns the sum of what `one` returned. The first error stops all and is raised."""
+    items = iter(items)
+    lock = threading.Lock()
+    failed = threading.Event()
+
+    def worker() -> int:
+        # page-aligned (an anonymous mapping), as O_DIRECT reads need
+        buf = np.frombuffer(mmap.mmap(-1, buf_bytes), dtype=np.uint8)
+        done = 0
+        while not failed.is_set():
+            with lock:
+                item = next(items, None)
+            if item is None:
+                break
+            try:
+                done += one(buf, item)
+            except BaseException:
+                failed.set()
+                raise
+        return done
+
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        futures = [ex.submit(worker) for _ in range(workers)]
+        return sum(f.result() for f in futures)
+
+
+def _copy(jobs, read_into, write_from, workers: int = COPY_WORKERS) -> int:
+    """Copy (src_off, dst_off, size) jobs in COPY_CHUNK pieces, each read into a
+    worker's buffer and written out from it."""
+    pieces = [(src + off, dst + off, min(COPY_CHUNK, size - off))
+              for src, dst, size in jobs for off in range(0, size, COPY_CHUNK)]
+
+    def one(buf, piece) -> int:
+        src, dst, n = piece
+        read_into(buf, src, n)
+        write_from(buf, dst, n)
+        return n
+
+    return _in_threads(pieces, workers, COPY_CHUNK, one)
+
+
+def _pread_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
+    view = memoryview(buf)[:n]
+    while view:
+        got = os.preadv(fd, [view], off)
+        if got <= 0:
+            raise OSError(errno.EIO, f"short read at offset {off}")
+        view, off = view[got:], off + got
+
+
+def _pread_direct(fd: int, buf: np.ndarray, off: int, n: int) -> None:
+    """_pread_all on an O_DIRECT descriptor: off is aligned, the length is rounded up
+    to DIRECT_ALIGN (buf has room: n is a whole piece, or the file's last one)."""
+    want = -(-n // DIRECT_ALIGN) * DIRECT_ALIGN
+    done = 0
+    while done < n:
+        got = os.preadv(fd, [memoryview(buf)[done:want]], off + done)
+        if got <= 0:
+            raise OSError(errno.EIO, f"short read at offset {off + done}")
+        done += got
+
+
+def _open_direct(path: Path) -> int | None:
+    """An O_DIRECT descriptor of path, or None where its file system refuses one."""
+    if not (LOAD_DIRECT and hasattr(os, "O_DIRECT")):
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError as e:
+        if e.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return None
+        raise
+
+
+def _pwrite_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
+    view = memoryview(buf)[:n]
+    while view:
+        got = os.pwrite(fd, view, off)
+        view, off = view[got:], off + got
+
+
+def _payload(blobs: list[Blob], offsets: list[int | None]) -> list[tuple[int, int, int]]:
+    """(file offset, size, address in the process) of each blob's bytes, in file order."""
+    return sorted((off, b.size, b.host) for b, off in zip(blobs, offsets) if b.size)
+
+
+def _overlaps(payload, start: int, end: int):
+    """(lo, hi, address of lo in the process) of each payload piece inside the file
+    range [start, end), in file order; payload as _payload makes it (sorted, disjoint)."""
+    first = max(0, bisect.bisect_right(payload, start, key=lambda p: p[0]) - 1)
+    for off, size, host in payload[first:]:
+        if off >= end:
+            break
+        lo, hi = max(off, start), min(off + size, end)
+        if lo < hi:
+            yield lo, hi, host + lo - off
+
+
+def _fill(fd: int, pid: int, buf: np.ndarray, start: int, n: int, payload) -> list[tuple[int, int]]:
+    """buf[:n] = bytes [start, start + n) of the file as it will be: the blobs' bytes from
+    the process, the rest (HDF5 metadata, alignment gaps) from the file. Returns the
+    (buffer offset, size) pieces that came from the process: those still to be written."""
+    pos, end, parts = start, start + n, []
+    for lo, hi, addr in _overlaps(payload, start, end):
+        if lo > pos:
+            _pread_all(fd, buf[pos - start:], pos, lo - pos)
+        _vm_copy(pid, buf[lo - start:], addr, hi - lo, write=False)
+        parts.append((lo - start, hi - lo))
+        pos = hi
+    if pos < end:
+        _pread_all(fd, buf[pos - start:], pos, end - pos)
+    return parts
+
+
+def _by_blocks(size: int, block_bytes: int, workers: int, chunk) -> tuple[int, list[str]]:
+    """Every `block_bytes` block of a `size`-byte file, `workers` threads each taking
+    whole blocks in file order: chunk(buf, start, n) is called for each COPY_CHUNK
+    piece [start, start + n) of the block and returns the payload bytes it moved,
+    with buf[:n] then holding the file's bytes there, which are hashed. Returns the
+    bytes moved and the sha256 of each block; the first error stops all and is raised."""
+    digests: list[str] = [""] * ((size + block_bytes - 1) // block_bytes)
+
+    def one(buf, i: int) -> int:
+        h = hashlib.sha256()
+        done = 0
+        for start in range(i * block_bytes, min(size, (i + 1) * block_bytes), buf.size):
+            n = min(buf.size, size - start, (i + 1) * block_bytes - start)
+            done += chunk(buf, start, n)
+            h.update(memoryview(buf)[:n])
+        digests[i] = h.hexdigest()
+        return done
+
+    return _in_threads(range(len(digests)), workers, min(COPY_CHUNK, block_bytes), one), digests
+
+
+def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None = None,
+                 block_bytes: int = 64 << 20) -> dict:
+    """Write the blobs of process `pid`'s arena to a new HDF5 file, fsync'd, with the
+    sha256 of each `block_bytes` block of the file (image_store's per-block checksums).
+
+    Each worker takes whole blocks: it reads a block's bytes from the process (and
+    the file's own metadata from the file), hashes them, writes them and hands them
+    to the disk at once, so hashing runs beside the disk instead of after it and the
+    final fsync waits for little. Returns bytes, file size, the block digests
+    (`checksum`) and seconds of each part."""
+    t0 = time.monotonic()
+    offsets = _create_layout(path, blobs, {"pid": pid, **(attrs or {})})
+    t1 = time.monotonic()
+    payload = _payload(blobs, offsets)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+
+        def chunk(buf, start: int, n: int) -> int:
+            parts = _fill(fd, pid, buf, start, n, payload)
+            for off, k in parts:
+                _pwrite_all(fd, buf[off:], start + off, k)
+            writeback.start(fd, start, n)
+            return sum(k for _, k in parts)
+
+        total, digests = _by_blocks(size, block_bytes, COPY_WORKERS, chunk)
+        t2 = time.monotonic()
+        os.fsync(fd)
+        if os.fstat(fd).st_size != size:
+            raise OSError(errno.EIO, f"{path} changed size while it was written")
+    finally:
+        os.close(fd)
+    t3 = time.monotonic()
+    return {"bytes": total, "allocations": len(blobs), "file_size": size, "checksum": digests,
+            "block_bytes": block_bytes, "layout_s": t1 - t0, "copy_s": t2 - t1, "fsync_s": t3 - t2}
+
+
+def load_process(path: Path, pid: int, blobs: list[Blob], *, block_digests: list[str] | None = None,
+                 block_bytes: int = 64 << 20) -> dict:
+    """Copy a file written by save_process into process `pid`'s arena at the blobs' addresses.
+
+    The blobs are what the restored shim reports; each must be in the file with
+    its size (matched by handle), else ValueError and nothing is written.
+    block_digests: the file's per-block sha256 (save_process's `checksum`): each
+    block is checked as it is read, so the file is read from the disk once, not
+    once to check it and again to load it; a mismatch is a ValueError, and the
+    process, whose arena now holds bad bytes, must not run on."""
+    layout = _layout(path)
+    jobs = []
+    for b in blobs:
+        if b.handle not in layout:
+            raise ValueError(f"allocation {b.handle:#x} ({b.size} bytes) of process {pid} is not in {path}")
+        size, off = layout[b.handle]
+        if size != b.size:
+            raise ValueError(f"allocation {b.handle:#x}: {size} bytes in {path}, the process has {b.size}")
+        if size:
+            jobs.append((off, b.host, size))
+    if len(layout) != len(blobs):
+        raise ValueError(f"{path} holds {len(layout)} allocations, process {pid} has {len(blobs)}")
+    t0 = time.monotonic()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        direct = False
+        if block_digests is None:
+            total = _copy(jobs, lambda buf, src, n: _pread_all(fd, buf, src, n),
+                          lambda buf, dst, n: _vm_copy(pid, buf, dst, n, write=True))
+        else:
+            total, direct = _load_checked(fd, path, pid, jobs, block_digests, block_bytes)
+    finally:
+        os.close(fd)
+    return {"bytes": total, "allocations": len(blobs), "copy_s": time.monotonic() - t0,
+            "checked": block_digests is not None, "direct": direct}
+
+
+def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block_bytes: int) -> tuple[int, bool]:
+    """load_process with each block of the file hashed as it is read: the file's
+    every byte (metadata included) is read, the payload parts go into the process,
+    and each block's sha256 must be its digest. Returns the payload bytes and
+    whether the reads bypassed the page cache (O_DIRECT)."""
+    size = os.fstat(fd).st_size
+    if len(digests) != (size + block_bytes - 1) // block_bytes:
+        raise ValueError(f"{path} has {size} bytes, its checksums are for another size (truncated or corrupt)")
+    payload = sorted((off, size_, host) for off, host, size_ in jobs)  # as _payload makes it
+    aligned = block_bytes % DIRECT_ALIGN == 0 and min(COPY_CHUNK, block_bytes) % DIRECT_ALIGN == 0
+    dfd = _open_direct(path) if aligned else None
+    cached = threading.Event()  # some read went through the page cache after all
+
+    def read(buf, start: int, n: int) -> None:
+        if dfd is not None and not cached.is_set():
+            try:
+                return _pread_direct(dfd, buf, start, n)
+            except OSError as e:  # a file system that took the flag but not the read
+                if e.errno != errno.EINVAL:
+                    raise
+                cached.set()
+        _pread_all(fd, buf, start, n)
+
+    def chunk(buf, start: int, n: int) -> int:
+        read(buf, start, n)
+        moved = 0
+        for lo, hi, addr in _overlaps(payload, start, start + n):
+            _vm_copy(pid, buf[lo - start:], addr, hi - lo, write=True)
+            moved += hi - lo
+        return moved
+
+    try:
+        total, got = _by_blocks(size, block_bytes, LOAD_WORKERS, chunk)
+    finally:
+        if dfd is not None:
+            os.close(dfd)
+    bad = next((i for i, (g, w) in enumerate(zip(got, digests)) if g != w), None)
+    if bad is not None:
+        raise ValueError(f"checksum mismatch in {path.name}, block {bad} (corrupt image)")
+    return total, dfd is not None and not cached.is_set()
