@@ -46,11 +46,21 @@ def _result(work_dir: Path) -> dict | None:
         return None
 
 
+def _sudo_allows(helper: str) -> bool:
+    """Whether sudo runs the helper for us without a password: asked of sudo
+    itself (-l), never read from the wording of its refusal."""
+    try:
+        return subprocess.run(["sudo", "-n", "-l", helper], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def _raise_if_error(res: dict | None, stderr: str) -> dict:
     if res is None:
         last = [line for line in (stderr or "").splitlines() if line.strip()]
         why = last[-1].strip() if last else "no answer"
-        if "a password is required" in why or "not allowed" in why or "may not run sudo" in why:
+        if not _sudo_allows(helper_path()):
             raise GpucrError(f"CRIU needs root, and sudo does not let you run the gpucr-hpc root helper "
                              f"({why})", INSTALL_FIX)
         raise GpucrError(f"the gpucr-hpc root helper failed: {why}", "see the admin guide, 'Ordinary users'")

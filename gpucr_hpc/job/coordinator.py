@@ -262,7 +262,7 @@ def _restore(job: slurm.Job, job_dir, gen: int | None) -> dict:
     if os.geteuid() == 0:  # root restoring a user's job: the job's restorer removes it
         os.chown(job_dir / generations.RESTORE, job.uid, -1)
     if job.state == "PENDING":
-        if "held" in job.raw.get("Reason", "").lower():
+        if job.held:
             slurm.release(jobid)  # held by a failed restore: try again with this generation
         return {"job": job.id, "generation": target.name, "requeued": False}
     return {"job": job.id, "generation": target.name, "requeued": True, **_requeue(job)}

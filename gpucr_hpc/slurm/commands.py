@@ -53,6 +53,12 @@ class Job:
         return self.state == "RUNNING"
 
     @property
+    def held(self) -> bool:
+        """Pending and held (scontrol hold, or a requeue held by a failed restore):
+        Slurm marks a held job by priority 0."""
+        return self.state == "PENDING" and self.raw.get("Priority") == "0"
+
+    @property
     def settling(self) -> bool:
         """On its way between states: its processes still end (COMPLETING, for up to
         KillWait and the epilog), or a requeue is still carried out."""
