@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Steady-state cost of the shim (issue 3, item 7): step time with and without it.
+"""Steady-state cost of the shim: step time with and without it.
 
 In one run, for each workload, fresh processes alternate between the two
 variants, round after round (A B, B A, A B, ...: each variant goes first

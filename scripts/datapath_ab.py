@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side-by-side data path configurations on one GPU machine, in one run (issue 4).
+"""Side-by-side data path configurations on one GPU machine, in one run.
 
 The bounce data path is bound by host memory bandwidth, which a shared host
 lends unevenly from minute to minute: runs of two configurations one after

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tunes the shim's bounce data path on a GPU machine (issue 4), in stages,
+"""Tunes the shim's bounce data path on a GPU machine, in stages,
 each measured with scripts/bench_shim_vs_driver.py (gpucr only, one footprint):
 
   1. stores x waits from the previous defaults (16 threads, 32 MiB slots):

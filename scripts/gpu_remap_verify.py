@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU verification of restore onto another GPU (issue 6, items 2 and 5), on a machine
+"""GPU verification of restore onto another GPU, on a machine
 with two GPUs of one model.
 
 The deterministic PyTorch loop of scripts/migrate_gpu_verify.py (its workload, CLI

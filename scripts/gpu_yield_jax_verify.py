@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU checks of issue 16, items 3 and 4, in one run on a GPU machine.
+"""GPU checks of a restored process's yield and of JAX, in one run on a GPU machine.
 
 restored_torch: a PyTorch decode loop (tests/shim_workloads/decode_torch.py) under
   `gpucr-hpc run` is checkpointed to an image and restored in a new PID namespace

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU verification of whole-process migration (issue 6, item 5), on a GPU machine.
+"""GPU verification of whole-process migration, on a GPU machine.
 
 A deterministic PyTorch training loop (tests/shim_workloads/train_torch.py) is run
   0. without the shim, uninterrupted: the reference output (loss per step, checksum);

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""GPU verification of the shim (issue 3, item 5), in one run on a GPU machine.
+"""GPU verification of the shim, in one run on a GPU machine.
 
 For each workload — PyTorch (default caching allocator, expandable_segments,
 cudaMallocAsync), CuPy, a CUDA C program calling cudaMalloc — it runs:

@@ -1,4 +1,4 @@
-/* VRAM yield on a plain suspend (issue 7, item 4): Slurm's `scontrol suspend`
+/* VRAM yield on a plain suspend: Slurm's `scontrol suspend`
  * sends SIGTSTP, then SIGSTOP about 2 s later; resume sends SIGCONT.
  *
  * Once the process uses CUDA (gpucr_tstp_install, called when the driver is

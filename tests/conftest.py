@@ -4,10 +4,13 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from job_helpers import COUNTER
+from user_helpers import USERS, ensure_user, owned_dir
 
 REPO = Path(__file__).resolve().parent.parent
 TESTCLUSTER = REPO / "scripts" / "testcluster"
@@ -91,3 +94,49 @@ def slurm_cluster():
     yield cluster
     if not was_up:
         subprocess.run([str(TESTCLUSTER), "down"], capture_output=True, timeout=120)
+
+
+# --- fixtures of the job and user tests (their helpers: job_helpers.py, user_helpers.py)
+
+@pytest.fixture
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("job")
+    os.chmod(d, 0o755)
+    (d / "counter.py").write_text(COUNTER)
+    return d
+
+
+@pytest.fixture(scope="session")
+def users():
+    if os.geteuid() != 0:
+        pytest.skip("creating test users and running as them needs root")
+    return [ensure_user(n) for n in USERS]
+
+
+@pytest.fixture
+def users_tmp(users):
+    """A directory every user can enter (pytest's tmp_path is root's alone), removed after."""
+    base = Path(tempfile.mkdtemp(prefix="gpucr-users-"))
+    base.chmod(0o755)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def jobdir(users, users_tmp):
+    """The first user's own job directory, with the counter workload in it."""
+    d = owned_dir(users_tmp / "job", users[0])
+    (d / "counter.py").write_text(COUNTER)
+    return d
+
+
+@pytest.fixture(scope="module")
+def cuda_bin(tmp_path_factory):
+    """The CUDA C workload of the GPU tests, built with nvcc."""
+    from shim_helpers import REPO, build_shim
+
+    build_shim()
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    out = tmp_path_factory.mktemp("bin") / "cuda_malloc"
+    subprocess.run([nvcc, "-O2", "-o", str(out), str(REPO / "tests/shim_workloads/cuda_malloc.cu")], check=True)
+    return out

@@ -1,13 +1,11 @@
 """Helpers of the job-level tests: a counter workload, the CLI, waiting."""
 
-import os
 import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 
 # Always counts from 0: a run restarted from the top would repeat values.
 COUNTER = r"""
@@ -69,16 +67,6 @@ def ranks_count_on(cluster, jobid: str, logs: list[Path]):
     for p in logs:
         got = numbers(p)
         assert got == list(range(len(got))), "a rank repeated or skipped values"
-
-
-@pytest.fixture
-def workdir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("job")
-    os.chmod(d, 0o755)
-    (d / "counter.py").write_text(COUNTER)
-    return d
-
-
 
 
 def counting_script(workdir: Path, log: Path, steps: int) -> Path:

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from shim_helpers import REPO
-from test_process_gpu import cuda_bin  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""Restore onto other GPUs (issue 6, item 2): which GPU each GPU of an image goes to.
+"""Restore onto other GPUs: which GPU each GPU of an image goes to.
 
 No GPU needed: the node's GPUs are given as lists (models, UUIDs, free memory) to
 the real planning code (gpu_remap, image_gpu.plan_restore), CUDA_VISIBLE_DEVICES

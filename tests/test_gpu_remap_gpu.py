@@ -1,5 +1,5 @@
-"""Restore onto the other GPU, on a machine with two GPUs of one model (issue 6, items 2
-and 5; marked gpu, skipped elsewhere).
+"""Restore onto the other GPU, on a machine with two GPUs of one model (marked gpu,
+skipped elsewhere).
 
 A PyTorch training process under the shim, on GPU 0, is checkpointed to disk, killed,
 and restored with `restore --from IMG --gpu 1`, again by a restore that may use GPU 1

@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import (assert_counted_once, counting_script, finished_after_one_restart, gpucr,  # noqa: F401
-                         numbers, plugstack_args, wait_for, workdir)
+from job_helpers import (assert_counted_once, counting_script, finished_after_one_restart, gpucr,  # noqa: E402
+                         numbers, plugstack_args, wait_for)
 
 
 def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):

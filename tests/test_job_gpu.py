@@ -1,4 +1,4 @@
-"""A single-node GPU job under real Slurm: checkpoint -> requeue -> restore (issue 7, item 9).
+"""A single-node GPU job under real Slurm: checkpoint -> requeue -> restore.
 
 On a GPU machine (marked gpu; the test cluster gives its nodes the real GPUs as
 GRES): a `sbatch --gpucr=on --gres=gpu:1` job trains a deterministic PyTorch
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from job_helpers import gpucr, plugstack_args, wait_for, workdir  # noqa: F401
-from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
+from job_helpers import gpucr, plugstack_args, wait_for
+from user_helpers import as_user, gpucr_as, owned_dir
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slurm, pytest.mark.criu]
 

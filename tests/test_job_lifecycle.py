@@ -15,8 +15,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import (assert_counted_once, counting_script, gpucr, numbers,  # noqa: F401
-                         wait_for, workdir)
+from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for  # noqa: E402
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
 

@@ -29,8 +29,8 @@ if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
 from gpucr_hpc.store.files import tree_digest  # noqa: E402
-from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for, workdir  # noqa: E402,F401
-from user_helpers import as_user, gpucr_as, users, users_tmp  # noqa: E402,F401
+from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for  # noqa: E402
+from user_helpers import as_user, gpucr_as  # noqa: E402
 
 def images(cluster) -> Path:
     return cluster.state / "images"
@@ -76,7 +76,7 @@ def next_job_id(cluster, d: Path) -> int:
     return int(probe) + 1
 
 
-# --- JOBID arguments (issue 16, item 12) --------------------------------------------
+# --- JOBID arguments --------------------------------------------
 
 @pytest.mark.parametrize("args", [("ls", ".."), ("ls", "14/../15"), ("ls", "/etc"), ("checkpoint", "../1"),
                                   ("status", ".."), ("restore", "../1"), ("preempt", "1/.."),

@@ -1,4 +1,4 @@
-"""`gpucr-hpc suspend` of a job that was preempted and restored (issue 16, item 3).
+"""`gpucr-hpc suspend` of a job that was preempted and restored.
 
 A restored unit runs in a new PID namespace: its shim's control socket is named
 after its PID there, not after the PID the node agent sees. The agent must still
@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import counting_script, gpucr, numbers, wait_for, workdir  # noqa: F401
+from job_helpers import counting_script, gpucr, numbers, wait_for
 
 
 def test_suspend_of_a_restored_job_reaches_every_unit(slurm_cluster, workdir):

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for, workdir  # noqa: F401
+from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for
 
 
 def state_dir(cluster) -> Path:

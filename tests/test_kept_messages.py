@@ -19,7 +19,7 @@ import threading
 import pytest
 
 from gpucr_hpc.slurm.commands import parse_one_line
-from job_helpers import assert_counted_once, gpucr, numbers, ranks_count_on, wait_for, workdir  # noqa: F401
+from job_helpers import assert_counted_once, gpucr, numbers, ranks_count_on, wait_for
 from shim_helpers import build_shim, gpucr_cli
 from shim_helpers import wait_for as wait_for_path
 

@@ -1,4 +1,4 @@
-"""Whole-process migration of a GPU process (issue 6, item 5).
+"""Whole-process migration of a GPU process.
 
 On a GPU machine (marked gpu, skipped elsewhere): a PyTorch training process under
 the shim is checkpointed to disk with `gpucr-hpc checkpoint --pid --to`, killed,

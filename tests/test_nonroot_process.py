@@ -18,7 +18,7 @@ from gpucr_hpc.criu import root_helper
 
 from gpucr_hpc.store import files as image_store
 from job_helpers import numbers, wait_for
-from user_helpers import as_user, gpucr_as, owned_dir, users, users_tmp  # noqa: F401
+from user_helpers import as_user, gpucr_as, owned_dir
 
 pytestmark = [pytest.mark.criu]
 

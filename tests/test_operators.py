@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from job_helpers import assert_counted_once, gpucr, numbers, wait_for
-from user_helpers import as_user, gpucr_as, jobdir, owned_dir, users, users_tmp  # noqa: F401
+from user_helpers import as_user, gpucr_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 

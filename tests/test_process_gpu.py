@@ -2,24 +2,14 @@
 shim (scripts/shim_gpu_verify.py), each check asserted. Skipped without a GPU."""
 
 import json
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from shim_helpers import REPO, build_shim
+from shim_helpers import REPO
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def cuda_bin(tmp_path_factory):
-    build_shim()
-    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    out = tmp_path_factory.mktemp("bin") / "cuda_malloc"
-    subprocess.run([nvcc, "-O2", "-o", str(out), str(REPO / "tests/shim_workloads/cuda_malloc.cu")], check=True)
-    return out
 
 
 @pytest.mark.parametrize("workload", ["torch_default", "torch_expandable_segments", "torch_cudaMallocAsync",

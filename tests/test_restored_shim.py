@@ -1,4 +1,4 @@
-"""A process restored from an image is still reached through its shim (issue 16, item 3).
+"""A process restored from an image is still reached through its shim.
 
 A restore in a new PID namespace (what every Slurm restore does) gives the process
 another PID here than the one its control socket is named after. Without a GPU: a

@@ -1,7 +1,6 @@
 """The shim builds, its C unit tests pass, it exports the hooks, and loading it
 into programs that do not use CUDA changes nothing."""
 
-import os
 import subprocess
 import textwrap
 

@@ -9,7 +9,6 @@ file is put back at the end.
 """
 
 import json
-import os
 import pwd
 import re
 import shutil

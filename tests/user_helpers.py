@@ -2,13 +2,10 @@
 
 import os
 import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-import pytest
 
 USERS = ("gpucrtest", "gpucrtest2")
 
@@ -20,13 +17,6 @@ def ensure_user(name: str) -> pwd.struct_passwd:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", name],
                        check=True, capture_output=True)
         return pwd.getpwnam(name)
-
-
-@pytest.fixture(scope="session")
-def users():
-    if os.geteuid() != 0:
-        pytest.skip("creating test users and running as them needs root")
-    return [ensure_user(n) for n in USERS]
 
 
 def as_user(user: pwd.struct_passwd, *argv, env=None, timeout=120, **kw):
@@ -44,22 +34,3 @@ def owned_dir(path: Path, user) -> Path:
     os.chown(path, user.pw_uid, user.pw_gid)
     path.chmod(0o755)
     return path
-
-
-@pytest.fixture
-def users_tmp(users):
-    """A directory every user can enter (pytest's tmp_path is root's alone), removed after."""
-    base = Path(tempfile.mkdtemp(prefix="gpucr-users-"))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
-
-
-@pytest.fixture
-def jobdir(users, users_tmp):
-    """The first user's own job directory, with the counter workload in it."""
-    from job_helpers import COUNTER
-
-    d = owned_dir(users_tmp / "job", users[0])
-    (d / "counter.py").write_text(COUNTER)
-    return d
