@@ -39,11 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-
-from gpucr_hpc.store import gpu_data
+from fs_rates import direct_ok, drop_cache, read_seconds, write_seconds  # noqa: E402
 
 from gpucr_hpc.store import files as image_store  # noqa: E402
-from fs_rates import direct_ok, drop_cache, read_seconds, write_seconds  # noqa: E402
+from gpucr_hpc.store import gpu_data
 
 LOADERS = ("direct:8", "direct:4", "direct:16", "cached:8")
 

@@ -31,11 +31,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from gpucr_hpc.process import in_place  # noqa: E402
-from gpucr_hpc.gpu.driver_nvidia import NvidiaDriver  # noqa: E402
-from gpucr_hpc.shim.client import ShimClient  # noqa: E402
 from shim_gpu_verify import Proc, gpu_used_mib, smi  # noqa: E402
 from vram_sampler import VramSampler  # noqa: E402
+
+from gpucr_hpc.gpu.driver_nvidia import NvidiaDriver  # noqa: E402
+from gpucr_hpc.process import in_place  # noqa: E402
+from gpucr_hpc.shim.client import ShimClient  # noqa: E402
 
 STEPS, PACE_MS = 600, 200  # paced while measured; SIGUSR1 lets it finish
 

@@ -37,8 +37,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_shim_vs_driver as bench  # noqa: E402
-from bench_shim_vs_driver import process_cr, ShimClient, smi  # noqa: E402
+from bench_shim_vs_driver import ShimClient, process_cr, smi  # noqa: E402
 from datapath_tune import knob_env  # noqa: E402
+
 from gpucr_hpc.shim import copy_helper  # noqa: E402
 
 

@@ -38,9 +38,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 TRAIN = REPO / "tests" / "shim_workloads" / "train_torch.py"
 
-from gpucr_hpc.store import gpu_data  # noqa: E402
-from gpucr_hpc.criu.run import is_alive as alive  # noqa: E402
 from fs_rates import drop_cache, rates  # noqa: E402
+
+from gpucr_hpc.criu.run import is_alive as alive  # noqa: E402
+from gpucr_hpc.store import gpu_data  # noqa: E402
 
 
 def smi(query: str) -> list[str]:

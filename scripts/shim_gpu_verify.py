@@ -32,9 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 WL = REPO / "tests" / "shim_workloads"
 
-from gpucr_hpc.shim import copy_helper
-
 from gpucr_hpc.process import in_place  # noqa: E402
+from gpucr_hpc.shim import copy_helper
 from gpucr_hpc.shim.client import ShimClient  # noqa: E402
 
 

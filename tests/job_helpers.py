@@ -6,7 +6,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-
 # Always counts from 0: a run restarted from the top would repeat values.
 COUNTER = r"""
 import sys, time

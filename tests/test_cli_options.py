@@ -12,9 +12,9 @@ import sys
 import textwrap
 
 import pytest
+from shim_helpers import REPO, build_shim, gpucr_cli, wait_for
 
 from gpucr_hpc.store import manifest as mf
-from shim_helpers import REPO, build_shim, gpucr_cli, wait_for
 
 FAKE_SCONTROL = """#!/bin/sh
 echo "$*" >> {log}
@@ -172,8 +172,8 @@ def test_timeout_and_run_dir_reach_the_shim(tmp_path, monkeypatch, to_image):
     answers as a CUDA process's shim on a socket in another run dir, given with --run-dir."""
     from gpucr_hpc.cli import main as cli_mod
     from gpucr_hpc.criu import run as criu_mod
-    from gpucr_hpc.process import in_place
     from gpucr_hpc.errors import GpucrError
+    from gpucr_hpc.process import in_place
 
     if to_image:
         try:

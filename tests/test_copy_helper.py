@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-
 from shim_helpers import REPO, shim_env, wait_for
 from test_shim_socket import ask
 

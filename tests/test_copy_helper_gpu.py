@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from shim_helpers import REPO
 
 pytestmark = pytest.mark.gpu

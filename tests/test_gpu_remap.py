@@ -12,14 +12,12 @@ import sys
 
 import pytest
 
-from gpucr_hpc.gpu import inventory as gpu_inventory
-
-from gpucr_hpc.gpu import remap as gpu_remap
-
-from gpucr_hpc.process import image_gpu
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.gpu import inventory as gpu_inventory
+from gpucr_hpc.gpu import remap as gpu_remap
 from gpucr_hpc.gpu.inventory import Gpu
 from gpucr_hpc.gpu.remap import ImageGpu
+from gpucr_hpc.process import image_gpu
 
 GiB = 1 << 30
 H100 = "NVIDIA H100 80GB HBM3"

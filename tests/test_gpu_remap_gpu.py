@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from shim_helpers import REPO, build_shim, root_criu_or_skip
 
 from gpucr_hpc.gpu import inventory as gpu_inventory
-from shim_helpers import REPO, build_shim, root_criu_or_skip
 
 
 @pytest.mark.gpu

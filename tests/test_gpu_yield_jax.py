@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from shim_helpers import REPO, build_shim, root_criu_or_skip
 
 pytestmark = pytest.mark.gpu

@@ -8,11 +8,10 @@ import subprocess
 import numpy as np
 import pytest
 
-from gpucr_hpc.store import gpu_data
-
-from gpucr_hpc.store import files as image_store
-from gpucr_hpc.store import manifest as mf
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import gpu_data
+from gpucr_hpc.store import manifest as mf
 
 
 def _buffers():

@@ -16,8 +16,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import (assert_counted_once, counting_script, finished_after_one_restart, gpucr,  # noqa: E402
-                         numbers, plugstack_args, wait_for)
+from job_helpers import (  # noqa: E402
+    assert_counted_once,
+    counting_script,
+    finished_after_one_restart,
+    gpucr,
+    numbers,
+    plugstack_args,
+    wait_for,
+)
 
 
 def test_single_node_job_checkpoint_preempt_restore(slurm_cluster, workdir):

@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from gpucr_hpc.store.files import tree_digest  # noqa: E402
 from job_helpers import gpucr, numbers, ranks_count_on, wait_for  # noqa: E402
+
+from gpucr_hpc.store.files import tree_digest  # noqa: E402
 
 
 def start_counting_job(cluster, workdir, ntasks=1, steps=100000, extra=()):

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from job_helpers import gpucr, plugstack_args, wait_for
 from user_helpers import as_user, gpucr_as, owned_dir
 

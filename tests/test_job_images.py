@@ -2,9 +2,9 @@
 
 import pytest
 
+from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import generations
 from gpucr_hpc.store import manifest as mf
-from gpucr_hpc.errors import GpucrError
 
 OLD, NEW = "c:0:old", "c:0:new"
 

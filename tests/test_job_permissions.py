@@ -28,9 +28,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from gpucr_hpc.store.files import tree_digest  # noqa: E402
 from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for  # noqa: E402
 from user_helpers import as_user, gpucr_as  # noqa: E402
+
+from gpucr_hpc.store.files import tree_digest  # noqa: E402
+
 
 def images(cluster) -> Path:
     return cluster.state / "images"

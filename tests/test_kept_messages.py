@@ -17,11 +17,11 @@ import sys
 import threading
 
 import pytest
-
-from gpucr_hpc.slurm.commands import parse_one_line
 from job_helpers import assert_counted_once, gpucr, numbers, ranks_count_on, wait_for
 from shim_helpers import build_shim, gpucr_cli
 from shim_helpers import wait_for as wait_for_path
+
+from gpucr_hpc.slurm.commands import parse_one_line
 
 # A scratch path as users have them: the full reason of a failed rank restore names
 # the file, which makes it far longer than a Comment should be.

@@ -8,11 +8,20 @@ import os
 import time
 
 import pytest
+from migrate_workload import (
+    alive,
+    assert_counter_exact,
+    cli,
+    cli_json,
+    kill_tree,
+    lines,
+    start_workload,
+    start_workload_under,
+    wait_lines,
+)
 
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
-from migrate_workload import (alive, assert_counter_exact, cli, cli_json, kill_tree, lines,
-                              start_workload, start_workload_under, wait_lines)
 
 pytestmark = pytest.mark.criu
 

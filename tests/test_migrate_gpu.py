@@ -20,12 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from gpucr_hpc.store import gpu_data
-
-from gpucr_hpc.store import files as image_store
-from gpucr_hpc.errors import GpucrError
 from shim_helpers import REPO, build_shim, root_criu_or_skip
+
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import gpu_data
 
 HOLDER = r"""
 import sys, numpy as np

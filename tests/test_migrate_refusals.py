@@ -10,13 +10,13 @@ import shutil
 import stat
 
 import pytest
+from migrate_workload import alive, cli, cli_json, kill_tree, start_workload, wait_lines
 
 from gpucr_hpc.criu import run as criu_mod
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.process import image as process_image
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
-from gpucr_hpc.process import image as process_image
-from gpucr_hpc.errors import GpucrError
-from migrate_workload import alive, cli, cli_json, kill_tree, start_workload, wait_lines
 
 pytestmark = pytest.mark.criu
 
@@ -221,6 +221,7 @@ def test_failed_criu_restore_leaves_image_untouched(tmp_path):
     cwd.mkdir()
     import subprocess
     import sys
+
     from migrate_workload import WORKLOAD
     (tmp_path / "w.py").write_text(WORKLOAD)
     (tmp_path / "data.txt").write_text("0000" * 10)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from job_helpers import assert_counted_once, finished_after_one_restart, numbers, wait_for
 from user_helpers import as_user, gpucr_as
 

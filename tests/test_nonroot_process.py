@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from gpucr_hpc.criu import root_helper
-
-from gpucr_hpc.store import files as image_store
 from job_helpers import numbers, wait_for
 from user_helpers import as_user, gpucr_as, owned_dir
+
+from gpucr_hpc.criu import root_helper
+from gpucr_hpc.store import files as image_store
 
 pytestmark = [pytest.mark.criu]
 

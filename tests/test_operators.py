@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from job_helpers import assert_counted_once, gpucr, numbers, wait_for
 from user_helpers import as_user, gpucr_as
 

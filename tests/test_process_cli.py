@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from shim_helpers import SHIM, SHIM_DIR, build_shim, gpucr_cli, wait_for
 
 

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from shim_helpers import REPO
 
 pytestmark = pytest.mark.gpu

@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-
 from shim_helpers import REPO, SHIM, build_shim, gpucr_cli, wait_for
 
 pytestmark = pytest.mark.gpu

@@ -6,9 +6,9 @@ import signal
 import subprocess
 
 import pytest
+from shim_helpers import build_shim, shim_env, wait_for
 
 from gpucr_hpc.process import in_place
-from shim_helpers import build_shim, shim_env, wait_for
 
 
 @pytest.fixture

@@ -14,11 +14,11 @@ import subprocess
 import sys
 
 import pytest
+from migrate_workload import _write_workload, alive, kill_tree, lines, wait_lines
+from shim_helpers import SHIM, build_shim, gpucr_cli
 
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
-from migrate_workload import alive, kill_tree, lines, wait_lines, _write_workload
-from shim_helpers import SHIM, build_shim, gpucr_cli
 
 pytestmark = pytest.mark.criu
 

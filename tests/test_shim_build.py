@@ -5,7 +5,6 @@ import subprocess
 import textwrap
 
 import pytest
-
 from shim_helpers import CUDA_HOME, SHIM, SHIM_DIR, build_shim, shim_env
 
 

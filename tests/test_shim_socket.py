@@ -11,7 +11,6 @@ import textwrap
 import time
 
 import pytest
-
 from shim_helpers import shim_env, wait_for
 
 

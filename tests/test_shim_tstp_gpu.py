@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-
 from shim_helpers import REPO, SHIM, build_shim, gpucr_cli
 
 pytestmark = pytest.mark.gpu

@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 USERS = ("gpucrtest", "gpucrtest2")
 
 

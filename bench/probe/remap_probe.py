@@ -1,7 +1,12 @@
 """Which GPU pairs does the driver accept for a process that sees only GPU 0
 (CUDA_VISIBLE_DEVICES=0)? One fresh process per variant: lock + checkpoint in
 place, restore with the pairs, unlock, and see that it computes on."""
-import json, os, subprocess, sys, time
+import json
+import os
+import subprocess
+import sys
+import time
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from gpucr_hpc.gpu.driver_nvidia import NvidiaDriver
 
