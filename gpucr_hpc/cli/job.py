@@ -14,17 +14,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from gpucr_hpc.job import coordinator
-
-from gpucr_hpc.job import dirs as job_dirs
-
-from gpucr_hpc.job import generations
-from gpucr_hpc.store import manifest as mf
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import coordinator, generations
+from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.slurm.site import load_site
+from gpucr_hpc.store import manifest as mf
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -112,7 +109,7 @@ def _generation_rows(job_dir: Path) -> list[dict]:
     rows = []
     latest = generations.read_pointer(job_dir, generations.LATEST)
     current = generations.current_submission(job_dir)
-    for n, path, committed in generations.generations(job_dir):
+    for _, path, committed in generations.generations(job_dir):
         row = {"job": job_dir.name, "generation": path.name, "committed": committed,
                "latest": path == latest, "path": str(path)}
         if committed:
@@ -227,13 +224,13 @@ def job_status(jobid: str) -> dict:
         job, unknown = None, e
     if job is not None:
         slurm.check_access(job, "only the job's owner or root can see its checkpoints")
-    out = {"job": jobid, "generations": job_rows(jobid)}
+    out: dict = {"job": jobid, "generations": job_rows(jobid)}
     if job is not None:
         out.update(state=job.state, user=job.user, nodes=job.nodes, partition=job.partition,
                    restarts=job.restart_count, reason=job.raw.get("Reason", ""))
-    elif not out["generations"]:
+    elif not out["generations"] and unknown is not None:
         raise unknown
-    else:
+    elif unknown is not None:
         out.update(state="UNKNOWN to Slurm", note=f"{unknown.cause}; `gpucr-hpc restore {jobid}` "
                                                       "submits it again from its newest checkpoint")
     latest = next((g for g in out["generations"] if g.get("latest")), None)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 
-from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.slurm import commands as slurm
 
 _TRES_KEYS = ("TresPerNode", "TresPerJob", "TresPerTask", "TresPerSocket", "TRES")
 

@@ -31,14 +31,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from gpucr_hpc.job import generations
-
-from gpucr_hpc.process import image as process_image
-from gpucr_hpc.store import manifest as mf
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
+from gpucr_hpc.job import generations
 from gpucr_hpc.job.units import Unit, foreign_connections, local_units
+from gpucr_hpc.process import image as process_image
 from gpucr_hpc.slurm.site import load_site
+from gpucr_hpc.store import manifest as mf
 
 
 def node_name() -> str:

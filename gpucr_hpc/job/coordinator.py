@@ -14,18 +14,14 @@ import sys
 import time
 from dataclasses import asdict
 
-from gpucr_hpc.gpu import steer as gpu_steer
-
-from gpucr_hpc.job import dirs as job_dirs
-
-from gpucr_hpc.job import generations
-
-from gpucr_hpc.job import lock as job_lock
-
-from gpucr_hpc.slurm import commands as slurm
-from gpucr_hpc.store import manifest as mf
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.gpu import steer as gpu_steer
+from gpucr_hpc.job import dirs as job_dirs
+from gpucr_hpc.job import generations
+from gpucr_hpc.job import lock as job_lock
+from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, require_plugin
+from gpucr_hpc.store import manifest as mf
 
 AGENT_TIMEOUT_S = 600
 
@@ -64,8 +60,8 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
             lines.append(json.loads(line))
         except ValueError:
             continue
-    result = next((l["result"] for l in lines if "result" in l), None)
-    reports = [l["node_report"] for l in lines if "node_report" in l]
+    result = next((line["result"] for line in lines if "result" in line), None)
+    reports = [line["node_report"] for line in lines if "node_report" in line]
     why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"srun exit {out.returncode}"
     return result, reports, why
 

@@ -40,9 +40,9 @@ import re
 import shutil
 from pathlib import Path
 
+from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.store import manifest as mf
-from gpucr_hpc.errors import GpucrError
 
 LATEST = "LATEST"
 RESTORE = "RESTORE"
@@ -160,7 +160,7 @@ def prune(job_dir: Path, submission: str | None, keep: int = KEEP_COMMITTED) -> 
     uncommitted one in flight); another submission's are never touched."""
     committed = [g for g in generations(job_dir) if g[2] and generation_submission(g[1]) == submission]
     pinned = read_pointer(job_dir, RESTORE)
-    for n, path, _ in committed[:-keep]:
+    for _, path, _ in committed[:-keep]:
         if path != pinned:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -183,6 +183,7 @@ def restore_target(job_dir: Path, gen: int | None = None, submission: str | None
     job_dir = Path(job_dir)
     if submission is None:
         submission = current_submission(job_dir)
+    path: Path | None
     if gen is not None:
         path = job_dir / gen_name(gen)
     else:

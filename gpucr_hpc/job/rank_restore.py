@@ -15,13 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from gpucr_hpc.store import manifest as mf
-from gpucr_hpc.slurm import commands as slurm
-from gpucr_hpc.job.batch_restore import give_up, log, open_log, rank_back, restore_unit
-from gpucr_hpc.job.batch_restore import say as kept_say
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job.batch_restore import give_up, log, open_log, rank_back, restore_unit
+from gpucr_hpc.job.batch_restore import say as kept_say
+from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site
+from gpucr_hpc.store import manifest as mf
 
 LAUNCH_SETTLE_S = 3.0
 

@@ -43,13 +43,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpucr_hpc.criu import run as criu_mod
-from gpucr_hpc.slurm.signals import TASK_SIGNALS
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.slurm.signals import TASK_SIGNALS
 
 KEY_FILE = Path("/etc/gpucr-hpc/image.key")
 SEAL = "gpucr-seal"
@@ -69,7 +70,7 @@ class Caller:
     gids: frozenset[int]
 
     @classmethod
-    def from_sudo(cls) -> "Caller":
+    def from_sudo(cls) -> Caller:
         if os.geteuid() != 0:
             raise GpucrError("gpucr-criu-root must run as root", "run it through sudo -n")
         uid = int(os.environ.get("SUDO_UID", "0"))
@@ -151,6 +152,12 @@ def check_files_reachable(pids: list[int], who: Caller, skip: tuple[str, ...] = 
         what = bad.decode(errors="replace") or "(the check could not run)"
         raise GpucrError(f"the restored tree would hold {what}, which you cannot open there",
                          "put back the file the process had open (not a link to another file)")
+
+
+def _pair(text: str) -> tuple[int, int]:
+    """`A:B` (as _checker writes a pipe to keep) as two numbers."""
+    a, b = text.split(":")
+    return int(a), int(b)
 
 
 def give_pipes(pids: list[int], who: Caller, keep: frozenset[tuple[int, int]] = frozenset()) -> None:
@@ -334,7 +341,7 @@ def _read_at(dir_fd: int, name: str) -> str:
 
 # -- the two operations -----------------------------------------------------------
 
-def _checker(work: Path, who: Caller, images: Path, keep: list[tuple[int, int]] = ()) -> list[str]:
+def _checker(work: Path, who: Caller, images: Path, keep: Sequence[tuple[int, int]] = ()) -> list[str]:
     """The CRIU action script that runs our checks (post-dump, post-restore).
     CRIU's own files (log, images) in our private dirs are not the tree's;
     keep: (dev, ino) of the files handed in with --inherit-fd."""
@@ -381,7 +388,7 @@ def dump(args, who: Caller, work_fd: int) -> dict:
             _logs_back(work, work_fd, who)
 
 
-def restore(args, who: Caller, work_fd: int) -> tuple[dict, object]:
+def restore(args, who: Caller, work_fd: int) -> tuple[dict, subprocess.Popen | None]:
     images_fd = open_callers_dir(args.images, who)
     inherit = {}
     for spec in args.inherit_fd:
@@ -447,8 +454,7 @@ def action_check(uid: int, gids: str, out: str, skip: list[str], keep: str = "-"
         else:
             tree = criu_mod.process_tree(root)
             check_files_reachable(tree, who, tuple(skip))
-            give_pipes(tree, who, frozenset(tuple(int(x) for x in k.split(":")) for k in keep.split(",")
-                                            if k != "-"))
+            give_pipes(tree, who, frozenset(_pair(k) for k in keep.split(",") if k != "-"))
     except GpucrError as e:
         Path(out).write_text(json.dumps({"error": e.cause, "fix": e.fix}))
         return 1

@@ -44,14 +44,14 @@ import time
 from pathlib import Path
 
 from gpucr_hpc.criu import run as criu_mod
-from gpucr_hpc.store import gpu_data
+from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.gpu import inventory as gpu_inventory
 from gpucr_hpc.gpu import remap as gpu_remap
-from gpucr_hpc.store import files as image_store
 from gpucr_hpc.process import in_place
-from gpucr_hpc.store import manifest as mf
-from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.shim.client import ShimClient
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import gpu_data
+from gpucr_hpc.store import manifest as mf
 
 TIMEOUT_MS = in_place.DEFAULT_TIMEOUT_MS
 
@@ -158,7 +158,7 @@ class GpuCheckpoint:
         if not blobs:
             return rec
         rel = image_store.process_h5_name(tg.pid)
-        attrs = {"vendor": "nvidia"}
+        attrs: dict[str, object] = {"vendor": "nvidia"}
         if rec.get("gpu_uuids"):
             attrs["device_uuids"] = gpu_data.string_array(rec["gpu_uuids"])
         try:
@@ -248,8 +248,8 @@ def plan_restore(m: dict, force: list[str] | None = None, here: list | None = No
     if wanted is None:
         gpu_remap.check_in_place((m.get("gpu") or {}).get("uuids") or [], int(m.get("gpu_bytes") or 0), here)
         return None
-    env = os.environ if env is None else env
-    usable = gpu_inventory.visible(env.get("CUDA_VISIBLE_DEVICES"), here)
+    usable_env = os.environ if env is None else env
+    usable = gpu_inventory.visible(usable_env.get("CUDA_VISIBLE_DEVICES"), here)
     p = gpu_remap.plan(wanted, here, usable, force)
     p.node_then = list((m.get("gpu") or {}).get("uuids") or [])
     p.node_here = [g.uuid for g in here]
@@ -296,7 +296,7 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     if driver:
         in_place.driver_restore(driver, [t for _, t in targets])
     timings["control_s"] = time.monotonic() - t0
-    t = time.monotonic()
+    started = time.monotonic()
     total = 0
     checked = image_store.gpu_data_files(m) if check else frozenset()
     for r, tg in targets:
@@ -304,15 +304,15 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
             rep = _refill(r, tg.pid, image_dir, m if r["h5"] in checked else None)
             total += rep["bytes"]
             timings["attach_s"] = timings.get("attach_s", 0.0) + rep["attach_s"]
-    timings["h5_read_s"] = time.monotonic() - t - timings.get("attach_s", 0.0)
+    timings["h5_read_s"] = time.monotonic() - started - timings.get("attach_s", 0.0)
     if total:
         timings["h5_read_MBps"] = total / timings["h5_read_s"] / 1e6
-    t = time.monotonic()
+    started = time.monotonic()
     for r, tg in targets:
         if r["shim"]:
             rep = _ok(_client(tg.pid, r["socket"]).restore(), tg.pid, "restoring the GPU data")
             if data_paths is not None and rep.get("data_path"):
                 data_paths[tg.pid] = rep["data_path"]
-    timings["data_s"] = time.monotonic() - t
+    timings["data_s"] = time.monotonic() - started
     timings["gpu_total_s"] = time.monotonic() - t0
     return timings

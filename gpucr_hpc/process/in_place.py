@@ -21,13 +21,13 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.criu.run import process_tree
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
-from gpucr_hpc.shim.client import (ShimClient, control_socket, pid_alive, shimmed_pids, socket_path,
-                                   uses_shim)
+from gpucr_hpc.shim.client import ShimClient, control_socket, pid_alive, shimmed_pids, socket_path, uses_shim
 
 DEFAULT_TIMEOUT_MS = 10_000
 
@@ -68,7 +68,7 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
     for p in process_tree(pid):
         sock = control_socket(p, run_dir)
         t = Target(p, shim=sock is not None)
-        if t.shim:
+        if sock is not None:
             st = _status_of(p, run_dir, sock)
             if st is None:
                 continue  # a short-lived process (a `sleep`) ended while it was asked
@@ -147,7 +147,7 @@ def _parallel(fn, items):
         return []
     with ThreadPoolExecutor(max_workers=min(16, len(items))) as pool:
         futures = [pool.submit(fn, it) for it in items]
-        out = []
+        out: list[tuple[Any, GpucrError | None]] = []
         for f in futures:
             try:
                 out.append((f.result(), None))
@@ -225,7 +225,11 @@ def driver_checkpoint(driver, targets, timeout_ms: int) -> None:
             driver.lock(t.pid, timeout_ms)
             t.driver_state = "locked"
             locked.append(t)
-        errors = [e for _, e in _parallel(lambda t: (driver.checkpoint(t.pid), done.append(t)), locked) if e]
+        def one(t):
+            driver.checkpoint(t.pid)
+            done.append(t)
+
+        errors = [e for _, e in _parallel(one, locked) if e]
         for t in done:
             t.driver_state = "checkpointed"
         if errors:
@@ -257,15 +261,18 @@ def driver_restore(driver, targets) -> None:
         t.driver_state = "running"
 
 
+# What a process's shim reports of its checkpoint or restore, passed on in the summary.
+REPORTED = ("quiesce_s", "data_s", "allocations", "driver_path_bytes", "arena_setup_s", "prepare_s", "copy_s",
+            "release_s", "create_s", "data_path", "helper_fallback", "helper_steps", "copy_threads", "copy_stores",
+            "copy_wait")
+
+
 def _summary(pid, targets, phases, t0, key) -> dict:
     procs = []
     for t in targets:
         r = t.result.get(key, {})
         procs.append({"pid": t.pid, "shim": t.shim, "cuda": t.cuda, "bytes": r.get("bytes", 0),
-                      **{k: r[k] for k in ("quiesce_s", "data_s", "allocations", "driver_path_bytes", "arena_setup_s",
-                                           "prepare_s", "copy_s", "release_s", "create_s", "data_path", "helper_fallback", "helper_steps", "copy_threads",
-                                           "copy_stores", "copy_wait")
-                         if k in r}})
+                      **{k: r[k] for k in REPORTED if k in r}})
     phases["total_s"] = time.monotonic() - t0
     return {"pid": pid, "processes": procs, "bytes": sum(p["bytes"] for p in procs),
             "phases": {k: round(v, 6) for k, v in phases.items()}}
@@ -298,7 +305,7 @@ def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) ->
     shim has a copy helper, the helper fills the GPU beside the driver restore
     (then control_s includes that and data_s is what is left of it)."""
     t0 = time.monotonic()
-    phases = {}
+    phases: dict[str, float] = {}
 
     def start_prefill(targets):
         # as early as possible: the helpers fill while this process initialises

@@ -15,11 +15,10 @@ import time
 from dataclasses import dataclass, field
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS  # noqa: F401 - part of this module's interface
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
-
-from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS  # noqa: F401 - part of this module's interface
 
 
 class JobUnknown(GpucrError):

@@ -25,9 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.store import manifest as mf
 from gpucr_hpc.store import writeback
-from gpucr_hpc.errors import GpucrError
 
 CRIU_SUBDIR = "criu"
 COPY_CHUNK = 16 << 20
