@@ -36,6 +36,7 @@ from pathlib import Path
 
 from gpucr_hpc import image_store, job_dirs, job_images, job_lock, migrate, slurm
 from gpucr_hpc import manifest as mf
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.site import load_site
 
@@ -167,7 +168,7 @@ def provide_batch_script(gen: Path, unit: dict) -> list[Path]:
     Returns what was created: it must go once the shell has it open, since
     that is another slurmd's spool (it would refuse to launch the job there).
     """
-    script = os.environ.get("GPUCR_BATCH_SCRIPT")
+    script = config.value("GPUCR_BATCH_SCRIPT")
     created: list[Path] = []
     if not script:
         return created
@@ -309,8 +310,8 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
                       "another command held the job", f"gpucr-hpc restore {jobid}") from e
     try:
-        gen = job_images.start_target(job_dir, os.environ.get("GPUCR_SUBMISSION"),
-                                      os.environ.get("GPUCR_RESTORE_FROM"))
+        gen = job_images.start_target(job_dir, config.value("GPUCR_SUBMISSION"),
+                                      config.value("GPUCR_RESTORE_FROM"))
         m = check_generation(gen, jobid)
     except UnusableGeneration as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from gpucr_hpc.criu import Restored, criu_env, process_tree
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 
 DEFAULT_HELPER = "/opt/gpucr-hpc/libexec/gpucr-criu-root"
@@ -26,8 +27,8 @@ INSTALL_FIX = ("install the root helper and its sudo rule on every node: make in
 
 
 def helper_path() -> str:
-    prefix = os.environ.get("GPUCR_PREFIX")
-    return os.environ.get("GPUCR_CRIU_HELPER") or (
+    prefix = config.value("GPUCR_PREFIX")
+    return config.value("GPUCR_CRIU_HELPER") or (
         os.path.join(prefix, "libexec", "gpucr-criu-root") if prefix else DEFAULT_HELPER)
 
 
