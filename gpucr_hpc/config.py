@@ -107,7 +107,7 @@ SETTINGS: tuple[Setting, ...] = (
        "python shim", set_by=("user", "plugin", "gpucr-hpc"), default_doc="`/dev/shm`"),
     _s("GPUCR_ARENA_PREALLOC", "size", None,
        "A size (`80G`): create the arena at start (what `run --arena-size` sets); `auto`: grow it in the "
-       "background as the GPU memory grows ([In a Slurm job](#in-a-slurm-job)). Anything else is one line on "
+       "background as the GPU memory grows ([In a Slurm job](user.md#in-a-slurm-job)). Anything else is one line on "
        "stderr, and the arena is made at the first checkpoint. A job's own wins over plugstack `arena_prealloc=`.",
        "shim plugin", set_by=("user", "plugin", "gpucr-hpc"), default_doc="made at the first checkpoint"),
     _s("GPUCR_ARENA_PIN", "flag", None,
@@ -119,13 +119,13 @@ SETTINGS: tuple[Setting, ...] = (
        "shim", set_by=("user", "gpucr-hpc")),
     _s("GPUCR_COPY_HELPER", "path", None,
        "The socket of a running `gpucr-hpc copy-helper`: the GPU data of checkpoints and restores moves "
-       "through it ([The copy helper](#the-copy-helper)). Unset: the shim moves it itself. "
+       "through it ([The copy helper](user.md#the-copy-helper)). Unset: the shim moves it itself. "
        "`run --copy-helper` sets it, and so does the plugin where the site has `copy_helper=on`; "
        "`off` turns it off.",
        "shim plugin", set_by=("user", "plugin", "gpucr-hpc")),
     _s("GPUCR_COPY_HELPER_START", "command", None,
        "A `gpucr-hpc` command: when no helper serves at `GPUCR_COPY_HELPER`, the shim of a process that uses "
-       "CUDA starts one with it ([In a Slurm job](#in-a-slurm-job)).",
+       "CUDA starts one with it ([In a Slurm job](user.md#in-a-slurm-job)).",
        "shim", set_by=("user", "plugin")),
     _s("GPUCR_COPY_HELPER_IDLE", "seconds", "600",
        "Seconds a copy helper started by `run --copy-helper` or by the shim waits without a connected "
@@ -148,15 +148,15 @@ SETTINGS: tuple[Setting, ...] = (
        "How a copy thread waits for its GPU copy: `block` sleeps until it is done; `spin` polls.",
        "shim", choices=("block", "spin")),
     _s("GPUCR_YIELD_ON_TSTP", "flag", "1",
-       "`0`: GPU memory is not handed back on SIGTSTP ([Suspend](#suspend)).",
+       "`0`: GPU memory is not handed back on SIGTSTP ([Suspend](user.md#suspend)).",
        "shim"),
     _s("GPUCR_TSTP_GRACE_MS", "int", "2000",
        "After how many milliseconds handing GPU memory back on SIGTSTP is reported as late "
        "(Slurm 22.05's gap between SIGTSTP and SIGSTOP).",
        "shim"),
     _s("GPUCR_QUIESCE_TIMEOUT_MS", "int", "10000",
-       "How many milliseconds a checkpoint, or handing GPU memory back on SIGTSTP, waits for GPU work "
-       "in flight.",
+       "How many milliseconds a checkpoint asked without a timeout, or handing GPU memory back on SIGTSTP, "
+       "waits for GPU work in flight.",
        "shim"),
     _s("GPUCR_VERBOSE", "flag", "0",
        "The shim also reports GPU memory handed back and restored on suspend.",
@@ -171,8 +171,8 @@ SETTINGS: tuple[Setting, ...] = (
        "`0`: the shim opens no control socket (nothing can checkpoint the process).",
        "shim"),
     _s("GPUCR_VMM_BACKING", "flag", "1",
-       "`0`: plain `cuMemAlloc` allocations are not backed by the virtual memory API (such a process "
-       "is refused a checkpoint that needs it).",
+       "`0`: plain `cuMemAlloc` allocations use the real call instead of being backed by the driver's "
+       "virtual memory API (a debugging switch).",
        "shim"),
     _s("GPUCR_LOAD_DIRECT", "flag", "0",
        "`1`: `restore --from` reads the GPU data of the image with O_DIRECT (bypassing the page cache) where "
