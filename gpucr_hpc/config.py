@@ -50,7 +50,7 @@ class Setting:
         if self.type == "int":
             return "a whole number" + (f" >= {self.minimum:g}" if self.minimum is not None else "")
         if self.type == "seconds":
-            return "seconds" + (f" >= {self.minimum:g}" if self.minimum is not None else "") + ", e.g. 600"
+            return "seconds, e.g. 600"
         if self.type == "size":
             return "a size in bytes, with K, M or G (e.g. 80G), or auto"
         if self.type == "signal":

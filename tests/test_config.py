@@ -102,7 +102,7 @@ def test_value_reads_the_environment_at_call_time(monkeypatch):
 @pytest.mark.parametrize("name,bad,accepts", [
     ("GPUCR_LOAD_DIRECT", "maybe", "1 or 0"),
     ("GPUCR_COPY_HELPER_IDLE", "ten", "seconds"),
-    ("GPUCR_COPY_HELPER_IDLE", "-1", "seconds >= 0"),
+    ("GPUCR_COPY_HELPER_IDLE", "-1", "seconds, e.g. 600"),
     ("GPUCR_CHECKPOINT_LEAD", "1.5", "a whole number"),
     ("GPUCR_BATCH_ARGV", "appended", "prepended"),
     ("GPUCR_BATCH_SUPERVISE", "2", "1 or 0"),
