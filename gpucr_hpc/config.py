@@ -13,6 +13,9 @@ declaration.
 Test-only fault injection is one variable, GPUCR_FAULTS=name,name, and one
 call, `fault(name)`, for the names declared in FAULTS; production code reads no
 other test variable.
+
+Standard library only, besides gpucr_hpc.errors: what sudo runs as root (the
+CRIU root helper, through the CRIU module) loads it.
 """
 
 from __future__ import annotations

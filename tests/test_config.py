@@ -74,6 +74,17 @@ def test_python_reads_go_through_config():
     assert not bad, "read these through gpucr_hpc.config:\n" + "\n".join(bad)
 
 
+def test_config_loads_only_the_standard_library():
+    """The root helper loads config (through the CRIU module): it must stay standard library only."""
+    code = "import sys, gpucr_hpc.config; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-E", "-s", "-c", code], capture_output=True, text=True, check=True,
+                         cwd=REPO)
+    loaded = set(out.stdout.split())
+    assert {m for m in loaded if m.startswith("gpucr_hpc")} == {"gpucr_hpc", "gpucr_hpc.config", "gpucr_hpc.errors"}
+    third_party = {m.split(".")[0] for m in loaded} - set(sys.stdlib_module_names) - {"gpucr_hpc"}
+    assert not {m for m in third_party - {"sitecustomize", "usercustomize"} if not m.startswith("_")}, third_party
+
+
 def test_declarations_are_complete():
     for s in config.SETTINGS:
         assert s.meaning.strip() and s.read_by and s.set_by, s.name
