@@ -235,6 +235,18 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GPUCR_FAULTS", "text", None,
        "Test faults to make, comma-separated: " + "; ".join(f"`{k}`: {v}" for k, v in FAULTS.items()) + ".",
        "python", set_by=("test",)),
+    # The shim's C unit tests link a stub of the GPU commands (shim/tests/stub_commands.c, never
+    # in the shim itself) that test_tstp.c drives with these.
+    _s("GPUCR_STUB_LOG_FD", "int", None,
+       "A descriptor the stub commands of the shim's C unit tests note `checkpoint`/`restore` on.",
+       "test", set_by=("test",)),
+    _s("GPUCR_STUB_CKPT_MS", "int", None, "The stub checkpoint of the shim's C unit tests takes this many milliseconds.",
+       "test", set_by=("test",)),
+    _s("GPUCR_STUB_REFUSE", "flag", None, "Set: the stub checkpoint of the shim's C unit tests refuses.",
+       "test", set_by=("test",)),
+    _s("GPUCR_STUB_HELD", "flag", None,
+       "Set: the stub checkpoint of the shim's C unit tests answers that another checkpoint holds the process.",
+       "test", set_by=("test",)),
     _s("GPUCR_TESTCLUSTER_DIR", "path", "/tmp/gpucr-testcluster", "Where the test cluster lives.", "scripts",
        set_by=("test", "scripts")),
     _s("GPUCR_TESTCLUSTER_NODES", "int", "3", "How many slurmd the test cluster runs.", "scripts",
