@@ -65,7 +65,8 @@ def test_every_declaration_is_used():
 def test_python_reads_go_through_config():
     """No module of the package reads a GPUCR_ variable from os.environ itself (writing one
     for a child is fine)."""
-    read = re.compile(r"""(os\.environ\.get|os\.getenv)\(\s*["']GPUCR_|os\.environ\[["']GPUCR_[A-Z0-9_]+["']\](?!\s*=[^=])""")
+    read = re.compile(r"""(os\.environ\.get|os\.getenv)\(\s*["']GPUCR_"""
+                      r"""|os\.environ\[["']GPUCR_[A-Z0-9_]+["']\](?!\s*=[^=])""")
     bad = []
     for path in (REPO / "gpucr_hpc").rglob("*.py"):
         if path.name == "config.py":
