@@ -121,7 +121,8 @@ def main() -> int:
                     row[name] = round(size / read_seconds(plain, streams=x, direct=d) / 1e6, 1)
                 else:
                     direct, workers = _loader(x)
-                    gpu_data.LOAD_DIRECT, gpu_data.LOAD_WORKERS = direct, workers
+                    os.environ["GPUCR_LOAD_DIRECT"] = "1" if direct else "0"
+                    gpu_data.LOAD_WORKERS = workers
                     drop_cache(image)
                     t = time.perf_counter()
                     got = gpu_data.load_process(image, os.getpid(), blobs, block_digests=rep["checksum"],

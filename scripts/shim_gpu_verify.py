@@ -254,9 +254,9 @@ def main():
                     help="with --copy-helper: kill the helper before this cycle (0-based)")
     ap.add_argument("--helper-fails-copy", action="store_true",
                     help="with --copy-helper: the helper reports the first restore's copies failed "
-                         "(GPUCR_COPY_HELPER_FAIL=in_done): that restore must take the bounce path")
+                         "(GPUCR_FAULTS=copy_helper_in_done): that restore must take the bounce path")
     args = ap.parse_args()
-    args.helper = (copy_helper.spawn(HELPER_SOCKET, faults="in_done" if args.helper_fails_copy else "")
+    args.helper = (copy_helper.spawn(HELPER_SOCKET, faults="copy_helper_in_done" if args.helper_fails_copy else "")
                    if args.copy_helper else None)
     args.baseline_mib = gpu_used_mib()
     try:

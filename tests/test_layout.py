@@ -4,8 +4,8 @@ library and the few of our modules that are themselves standard library only."""
 import subprocess
 import sys
 
-# criu/run: running CRIU; errors: the one-line error; slurm/signals: a constant.
-ROOT_MAY_LOAD = {"gpucr_hpc", "gpucr_hpc.criu", "gpucr_hpc.criu.run", "gpucr_hpc.errors",
+# criu/run: running CRIU; errors: the one-line error; config: the settings; slurm/signals: a constant.
+ROOT_MAY_LOAD = {"gpucr_hpc", "gpucr_hpc.config", "gpucr_hpc.criu", "gpucr_hpc.criu.run", "gpucr_hpc.errors",
                  "gpucr_hpc.privileged", "gpucr_hpc.privileged.helper", "gpucr_hpc.slurm",
                  "gpucr_hpc.slurm.signals"}
 

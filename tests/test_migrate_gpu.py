@@ -99,7 +99,7 @@ def test_load_checks_each_block_as_it_reads(tmp_path, monkeypatch, block, direct
     checked; a flipped byte, or digests of another size, are refused with the cause.
     Read with O_DIRECT where blocks are page-aligned (the file's last piece is not a
     whole page: the read rounds up and stops at the end), else through the page cache."""
-    monkeypatch.setattr(gpu_data, "LOAD_DIRECT", direct)
+    monkeypatch.setenv("GPUCR_LOAD_DIRECT", "1" if direct else "0")
     child, blobs = _holder()
     try:
         na, nb = blobs[0].size, blobs[1].size

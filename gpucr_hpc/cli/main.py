@@ -4,12 +4,11 @@ Each group of commands lives in its own module and is registered here, so this
 file stays a table of contents.
 """
 
-import os
 import sys
 
 import click
 
-from gpucr_hpc import __version__
+from gpucr_hpc import __version__, config
 from gpucr_hpc.errors import GpucrError
 
 
@@ -36,7 +35,7 @@ cli.add_command(cmd_job.ls)
 
 
 def main():
-    if os.environ.get("GPUCR_BATCH_SUPERVISE") == "1":
+    if config.value("GPUCR_BATCH_SUPERVISE"):
         # The batch step's task of a --gpucr=on job (spank/restart.c).
         from gpucr_hpc.job import batch_supervisor
 

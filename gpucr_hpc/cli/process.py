@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from gpucr_hpc.job import dirs as job_dirs
-
-from gpucr_hpc.process import image as process_image
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import dirs as job_dirs
+from gpucr_hpc.process import image as process_image
 from gpucr_hpc.process.in_place import DEFAULT_TIMEOUT_MS, checkpoint_tree, restore_tree, status_all
 from gpucr_hpc.shim.client import default_run_dir, shim_library
 
@@ -47,11 +47,7 @@ def _start_helper(run_dir: Path) -> Path:
     serving there, or one started now. Its socket."""
     from gpucr_hpc.shim import copy_helper as helper
 
-    raw = os.environ.get("GPUCR_COPY_HELPER_IDLE", "600")
-    try:
-        idle = float(raw)
-    except ValueError:
-        raise GpucrError(f"bad GPUCR_COPY_HELPER_IDLE={raw!r}", "give seconds, e.g. 600")
+    idle = config.value("GPUCR_COPY_HELPER_IDLE")
     sock = run_dir / "copy-helper.sock"
     pid = helper.ensure(sock, idle_exit=idle)
     click.echo(f"gpucr: copy helper {'started (pid %d)' % pid if pid else 'already serving'} on {sock}", err=True)

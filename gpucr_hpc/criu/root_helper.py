@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from gpucr_hpc import config
 from gpucr_hpc.criu.run import Restored, criu_env, process_tree
 from gpucr_hpc.errors import GpucrError
 
@@ -26,8 +27,8 @@ INSTALL_FIX = ("install the root helper and its sudo rule on every node: make in
 
 
 def helper_path() -> str:
-    prefix = os.environ.get("GPUCR_PREFIX")
-    return os.environ.get("GPUCR_CRIU_HELPER") or (
+    prefix = config.value("GPUCR_PREFIX")
+    return config.value("GPUCR_CRIU_HELPER") or (
         os.path.join(prefix, "libexec", "gpucr-criu-root") if prefix else DEFAULT_HELPER)
 
 

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 
 MIN_VERSION = (4, 1)
@@ -62,7 +63,7 @@ def _parse_version(text: str) -> tuple[int, ...] | None:
 def candidates() -> list[tuple[str, str]]:
     """(path, where it came from) in lookup order; only existing ones after the first."""
     out = []
-    prefix = os.environ.get("GPUCR_PREFIX")
+    prefix = config.value("GPUCR_PREFIX")
     if prefix:
         out.append((os.path.join(prefix, "bin", "criu"), "GPUCR_PREFIX"))
     out.append((DEFAULT_WRAPPER, "default install"))
@@ -267,7 +268,7 @@ def first_error(log: Path, fallback: str) -> str:
 
 def find_criu() -> Criu:
     """The CRIU to use, or a GpucrError naming the fix."""
-    explicit = os.environ.get("GPUCR_CRIU")
+    explicit = config.value("GPUCR_CRIU")
     if explicit:
         tries = [(explicit, "GPUCR_CRIU")]
     else:

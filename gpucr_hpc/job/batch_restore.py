@@ -34,21 +34,16 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from gpucr_hpc.store import files as image_store
-
-from gpucr_hpc.job import dirs as job_dirs
-
-from gpucr_hpc.job import generations
-
-from gpucr_hpc.job import lock as job_lock
-
-from gpucr_hpc.process import image as process_image
-
-from gpucr_hpc.slurm import commands as slurm
-from gpucr_hpc.store import manifest as mf
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import dirs as job_dirs
+from gpucr_hpc.job import generations
+from gpucr_hpc.job import lock as job_lock
+from gpucr_hpc.process import image as process_image
+from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site
-
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import manifest as mf
 
 LOG_NAME = "restore.log"
 RANKS_BACK = "ranks-back"  # one file per rank restored by the running restore step
@@ -177,7 +172,7 @@ def provide_batch_script(gen: Path, unit: dict) -> list[Path]:
     Returns what was created: it must go once the shell has it open, since
     that is another slurmd's spool (it would refuse to launch the job there).
     """
-    script = os.environ.get("GPUCR_BATCH_SCRIPT")
+    script = config.value("GPUCR_BATCH_SCRIPT")
     created: list[Path] = []
     if not script:
         return created
@@ -319,8 +314,8 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
                       "another command held the job", f"gpucr-hpc restore {jobid}") from e
     try:
-        gen = generations.start_target(job_dir, os.environ.get("GPUCR_SUBMISSION"),
-                                      os.environ.get("GPUCR_RESTORE_FROM"))
+        gen = generations.start_target(job_dir, config.value("GPUCR_SUBMISSION"),
+                                      config.value("GPUCR_RESTORE_FROM"))
         m = check_generation(gen, jobid)
     except UnusableGeneration as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e

@@ -26,14 +26,10 @@ import sys
 import threading
 from contextlib import ExitStack
 
-from gpucr_hpc.job import batch_restore
-
-from gpucr_hpc.job import coordinator
-
-from gpucr_hpc.job import generations
-
-from gpucr_hpc.slurm import commands as slurm
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import batch_restore, coordinator, generations
+from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site
 
 # Ours only: read here, never passed to the script (a gpucr-hpc command in it
@@ -60,9 +56,9 @@ def checkpoint_signal(name: str | None) -> signal.Signals | None:
 
 def script_argv(argv: list[str], env: dict) -> list[str]:
     """Slurm 22.05: argv[0] (the script) was replaced by us; 23.02+: we were put before it."""
-    if env.get("GPUCR_BATCH_ARGV") == "prepended":
+    if config.value("GPUCR_BATCH_ARGV", env) == "prepended":
         return argv[1:]
-    return [env["GPUCR_BATCH_SCRIPT"], *argv[1:]]
+    return [config.value("GPUCR_BATCH_SCRIPT", env, required=True), *argv[1:]]
 
 
 def split_env(bindir: str) -> dict:
@@ -120,7 +116,7 @@ def _next_restore(jobid: str) -> str | None:
     """The committed generation a restart or `gpucr-hpc restore JOBID` would restore; None if none."""
     job_dir = load_site().job_image_dir(jobid)
     try:
-        return generations.restore_target(job_dir, submission=os.environ.get("GPUCR_SUBMISSION")).name
+        return generations.restore_target(job_dir, submission=config.value("GPUCR_SUBMISSION")).name
     except GpucrError:
         return None
 
@@ -185,9 +181,9 @@ def answer(signo: int, waited: set, script_pid: int, jobid: str,
 
 def main() -> int:
     jobid = os.environ["SLURM_JOB_ID"]
-    ckpt_sig = checkpoint_signal(os.environ.get("GPUCR_CHECKPOINT_SIGNAL"))
-    lead = int(os.environ.get("GPUCR_CHECKPOINT_LEAD") or 0)
-    restoring = os.environ.get("GPUCR_RESTORE_BATCH") == "1"
+    ckpt_sig = checkpoint_signal(config.value("GPUCR_CHECKPOINT_SIGNAL"))
+    lead = config.value("GPUCR_CHECKPOINT_LEAD")
+    restoring = config.value("GPUCR_RESTORE_BATCH")
     argv = script_argv(sys.argv, os.environ)
     site = load_site()
     child_env = split_env(site.bindir)
@@ -198,7 +194,7 @@ def main() -> int:
     # Blocked before any thread or child exists; the child gets them back.
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     batch_restore.open_log(site.job_image_dir(jobid))
-    generations.claim(site.job_image_dir(jobid), os.environ.get("GPUCR_SUBMISSION"))
+    generations.claim(site.job_image_dir(jobid), config.value("GPUCR_SUBMISSION"))
     if restoring:
         lock = ExitStack()  # the job's, until every rank is back (batch_restore)
         try:

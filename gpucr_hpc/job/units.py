@@ -18,6 +18,7 @@ import ipaddress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gpucr_hpc import config
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 
@@ -65,7 +66,7 @@ def local_units(run_dir: Path, node: str) -> list[Unit]:
         if not criu_mod.is_alive(rec["pid"]):
             continue
         if rec["step"] == "batch":
-            if environ_of(rec["pid"]).get("GPUCR_BATCH_SUPERVISE") == "1":
+            if config.value("GPUCR_BATCH_SUPERVISE", environ_of(rec["pid"])):
                 # The plugin records the batch step's task (the supervisor) until the
                 # supervisor records the script it runs or restored; dumping it would
                 # commit a generation that holds none of the job's work.
@@ -74,7 +75,7 @@ def local_units(run_dir: Path, node: str) -> list[Unit]:
                                  "try again in a few seconds; the job was left running")
             units.append(Unit("batch", "batch", 0, rec["pid"], node))
         elif rec["step"].isdigit():
-            status = environ_of(rec["pid"]).get("GPUCR_SRUN_STATUS", "")
+            status = config.value("GPUCR_SRUN_STATUS", environ_of(rec["pid"])) or ""
             units.append(Unit(f"rank-{rec['step']}.{rec['rank']}", rec["step"], rec["rank"],
                               rec["pid"], node, status))
     return units

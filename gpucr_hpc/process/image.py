@@ -49,10 +49,11 @@ from pathlib import Path
 
 import click
 
+from gpucr_hpc import config
 from gpucr_hpc.criu import run as criu_mod
+from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
-from gpucr_hpc.errors import GpucrError
 
 SHIM_LIBS = ("libgpucr-cuda.so", "libgpucr-hip.so")
 
@@ -118,7 +119,7 @@ def _cmdline(pid: int) -> list[str]:
 
 def _stage_root(need: int) -> Path | None:
     """A node-local tmpfs dir with room for `need` bytes, for the fast dump; else None."""
-    cand = os.environ.get("GPUCR_STAGE_DIR") or "/dev/shm"
+    cand = config.value("GPUCR_STAGE_DIR")
     if cand.lower() in ("", "none", "off"):
         return None
     try:

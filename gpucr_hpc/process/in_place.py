@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.criu.run import process_tree

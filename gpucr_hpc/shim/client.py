@@ -17,6 +17,7 @@ import os
 import socket
 from pathlib import Path
 
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.slurm.site import load_site
 
@@ -24,7 +25,7 @@ SHIM_NAME = "libgpucr-cuda.so"
 
 
 def default_run_dir() -> Path:
-    env = os.environ.get("GPUCR_RUN_DIR")
+    env = config.value("GPUCR_RUN_DIR")
     if env:
         return Path(env)
     xdg = os.environ.get("XDG_RUNTIME_DIR")
@@ -43,10 +44,10 @@ def shim_candidates() -> list[Path]:
     top-level Makefile's PREFIX, then shim/Makefile's /usr/local, the site default)
     and /usr/lib/gpucr."""
     out = []
-    if os.environ.get("GPUCR_SHIM"):
-        out.append(Path(os.environ["GPUCR_SHIM"]))
-    if os.environ.get("GPUCR_PREFIX"):
-        out.append(Path(os.environ["GPUCR_PREFIX"]) / "lib" / "gpucr" / SHIM_NAME)
+    if config.value("GPUCR_SHIM"):
+        out.append(Path(config.value("GPUCR_SHIM")))
+    if config.value("GPUCR_PREFIX"):
+        out.append(Path(config.value("GPUCR_PREFIX")) / "lib" / "gpucr" / SHIM_NAME)
     try:
         site = load_site()
         if site.plugstack is not None:

@@ -46,25 +46,15 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpucr_hpc.gpu.driver_nvidia import load_bindings
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.gpu.driver_nvidia import load_bindings
 from gpucr_hpc.shim.client import pid_alive
 
 MSG_MAX = 64 << 10
 MAX_FDS = 64
 CHUNK = 256 << 20  # one DMA
 STREAMS = 2
-# A test fault: GPUCR_COPY_HELPER_FAIL=in_done makes the first `in_done` say its
-# copies failed, so that a GPU test sees the process fall back without loss.
-_FAULTS = set(filter(None, os.environ.get("GPUCR_COPY_HELPER_FAIL", "").split(",")))
-
-
-def fault(name: str) -> bool:
-    """True once for a fault named in GPUCR_COPY_HELPER_FAIL."""
-    if name not in _FAULTS:
-        return False
-    _FAULTS.discard(name)
-    return True
 
 
 class CudaError(Exception):
@@ -391,8 +381,8 @@ class Client:
             with steps.timed("wait_s"):
                 for uuid in self.filling:
                     self.gpu.sync(uuid)
-            if self.handed and fault("in_done"):
-                raise CudaError("a copy failed (GPUCR_COPY_HELPER_FAIL=in_done)")
+            if self.handed and config.fault("copy_helper_in_done"):  # a test fault
+                raise CudaError("a copy failed (GPUCR_FAULTS=copy_helper_in_done)")
         except BaseException:
             self.settle_filling()
             self.let_go(self.handed.values())
@@ -621,12 +611,12 @@ def _alive(pid: int) -> bool:
 def spawn(path: Path, timeout: float = 60.0, faults: str = "") -> subprocess.Popen:
     """`gpucr-hpc copy-helper --socket path` in the background, once it listens
     (for scripts that own the helper and kill it). faults: test faults to make
-    (GPUCR_COPY_HELPER_FAIL)."""
+    (GPUCR_FAULTS, config.FAULTS)."""
     path = Path(path)
     path.unlink(missing_ok=True)
     env = helper_env(os.environ)
     if faults:
-        env["GPUCR_COPY_HELPER_FAIL"] = faults
+        env["GPUCR_FAULTS"] = faults
     h = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "copy-helper", "--socket", str(path)], env=env)
     deadline = time.monotonic() + timeout
     while not path.exists():

@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job.dirs import check_job_id
 
@@ -104,8 +105,8 @@ def load_site() -> Site:
             break
     for attr, var in (("imageroot", "GPUCR_IMAGE_ROOT"), ("rundir", "GPUCR_RUN_DIR_ROOT"),
                       ("arena", "GPUCR_ARENA_DIR"), ("shim", "GPUCR_SHIM")):
-        if os.environ.get(var):
-            setattr(site, attr, os.environ[var])
+        if config.value(var):
+            setattr(site, attr, config.value(var))
     return site
 
 

@@ -30,6 +30,7 @@ from typing import Iterable
 import h5py
 import numpy as np
 
+from gpucr_hpc import config
 from gpucr_hpc.store import writeback
 
 GROUP = "allocations"
@@ -128,8 +129,7 @@ LOAD_WORKERS = 8
 # allows it (no page cache copy). Off by default: on the H100 machine's virtual
 # disk, 8 threads read 0.76 of the file system's rate so and 0.90 through the
 # page cache, side by side (bench/results/image-read-h100-8g-run1.json); parallel
-# file systems may differ.
-LOAD_DIRECT = os.environ.get("GPUCR_LOAD_DIRECT", "0") in ("1", "yes", "on")
+# file systems may differ. Read at each load (config).
 DIRECT_ALIGN = 4096
 ALIGN = 1 << 20
 
@@ -293,7 +293,7 @@ def _pread_direct(fd: int, buf: np.ndarray, off: int, n: int) -> None:
 
 def _open_direct(path: Path) -> int | None:
     """An O_DIRECT descriptor of path, or None where its file system refuses one."""
-    if not (LOAD_DIRECT and hasattr(os, "O_DIRECT")):
+    if not (config.value("GPUCR_LOAD_DIRECT") and hasattr(os, "O_DIRECT")):
         return None
     try:
         return os.open(path, os.O_RDONLY | os.O_DIRECT)
