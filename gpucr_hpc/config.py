@@ -21,8 +21,8 @@ CRIU root helper, through the CRIU module) loads it.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from gpucr_hpc.errors import GpucrError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -26,7 +27,7 @@ def _phases_line(phases: dict) -> str:
     return ", ".join(f"{k[:-2]} {phases[k]:.3f} s" for k in order if k in phases)
 
 
-def shim_environment(env: dict, arena: str | None = None, run_dir: str | None = None,
+def shim_environment(env: Mapping[str, str], arena: str | None = None, run_dir: str | None = None,
                      arena_size: str | None = None) -> dict:
     """env with the shim first in LD_PRELOAD (once) and the GPUCR_* settings."""
     env = dict(env)
@@ -50,7 +51,8 @@ def _start_helper(run_dir: Path) -> Path:
     idle = config.value("GPUCR_COPY_HELPER_IDLE")
     sock = run_dir / "copy-helper.sock"
     pid = helper.ensure(sock, idle_exit=idle)
-    click.echo(f"gpucr: copy helper {'started (pid %d)' % pid if pid else 'already serving'} on {sock}", err=True)
+    state = f"started (pid {pid})" if pid else "already serving"
+    click.echo(f"gpucr: copy helper {state} on {sock}", err=True)
     return sock
 
 

@@ -133,7 +133,7 @@ class Criu:
 
     def start_restore(self, images_dir: Path, work_dir: Path, *, shell_job: bool,
                       new_pidns: bool, inherit: dict[int, str] | None = None,
-                      extra: list[str] | None = None, tied: bool = False) -> "Restored":
+                      extra: list[str] | None = None, tied: bool = False) -> Restored:
         """Restore a tree; returns once it runs (or raises with CRIU's own error).
 
         In the current PID namespace CRIU detaches (`-d`) and the tree is
@@ -210,6 +210,8 @@ class Criu:
                 time.sleep(0.005)
         else:
             proc.wait()
+            if ns_pid is None:
+                raise GpucrError(f"criu restore wrote no pidfile ({pidfile})", f"see {log}")
             host_pid = ns_pid
         return Restored(host_pid=host_pid, ns_pid=ns_pid, new_pidns=new_pidns, launcher=proc)
 
@@ -228,7 +230,7 @@ class Restored:
     host_pid: int            # the restored root as seen from here
     ns_pid: int | None       # the root's PID inside its namespace (its original PID)
     new_pidns: bool
-    launcher: subprocess.Popen = field(repr=False, default=None)
+    launcher: subprocess.Popen | None = field(repr=False, default=None)
 
 
 def _find_ns_root(unshare_pid: int, ns_pid: int | None) -> int:
@@ -459,12 +461,15 @@ def open_files(pids: list[int]) -> list[dict]:
 def fd_flags(pid: int, fd: int | str) -> int:
     """The open flags of one fd of pid (O_ACCMODE and the rest), from /proc fdinfo."""
     with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-        return int(re.search(r"flags:\s*(\d+)", f.read()).group(1), 8)
+        m = re.search(r"flags:\s*(\d+)", f.read())
+    if m is None:
+        raise OSError(f"no flags in /proc/{pid}/fdinfo/{fd}")
+    return int(m.group(1), 8)
 
 
 def fd_targets(pid: int) -> list[str]:
     """What each open fd of pid points at (`/dev/nvidia0`, `socket:[123]`, a path)."""
-    out = []
+    out: list[str] = []
     try:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:

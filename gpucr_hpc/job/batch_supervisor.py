@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Mapping, Set
 from contextlib import ExitStack
 
 from gpucr_hpc import config
@@ -54,7 +55,7 @@ def checkpoint_signal(name: str | None) -> signal.Signals | None:
         return None
 
 
-def script_argv(argv: list[str], env: dict) -> list[str]:
+def script_argv(argv: list[str], env: Mapping[str, str]) -> list[str]:
     """Slurm 22.05: argv[0] (the script) was replaced by us; 23.02+: we were put before it."""
     if config.value("GPUCR_BATCH_ARGV", env) == "prepended":
         return argv[1:]
@@ -146,7 +147,7 @@ def exit_like(status: int) -> int:
 
 
 def supervise(child: subprocess.Popen, script_pid: int, jobid: str,
-              ckpt_sig: signal.Signals | None, lead: int, waited: set) -> int:
+              ckpt_sig: signal.Signals | None, lead: int, waited: Set[signal.Signals]) -> int:
     """Wait for `child` (the script, or the init of its restored PID namespace),
     answering signals; forwarded ones go to the script itself.
 
@@ -165,7 +166,7 @@ def supervise(child: subprocess.Popen, script_pid: int, jobid: str,
             batch_restore.log(f"supervisor: signal {info.si_signo} not handled: {type(e).__name__}: {e}")
 
 
-def answer(signo: int, waited: set, script_pid: int, jobid: str,
+def answer(signo: int, waited: Set[signal.Signals], script_pid: int, jobid: str,
            ckpt_sig: signal.Signals | None, lead: int) -> None:
     """One signal: the checkpoint signal checkpoints, the others go to the script."""
     if signo not in waited or signo == signal.SIGCHLD:
@@ -209,6 +210,7 @@ def main() -> int:
         if child is None:  # no batch tree: the job's status is the step's
             ranks.join()
             return (step_rc or [1])[0] or 0
+        assert batch is not None  # the child is the batch tree it reports
         script_pid = batch["pid"]
     else:
         child = subprocess.Popen(argv, env=child_env, close_fds=False,

@@ -90,6 +90,7 @@ def _socket_inodes(pid: int) -> set[int]:
 def _addr(hexaddr: str) -> str:
     ip_hex, port_hex = hexaddr.split(":")
     raw = bytes.fromhex(ip_hex)
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
     if len(raw) == 4:
         ip = ipaddress.IPv4Address(raw[::-1])
     else:  # /proc prints IPv6 as four little-endian 32-bit words

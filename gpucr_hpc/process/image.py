@@ -227,7 +227,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         writer.commit()
         timings["commit_s"] = time.monotonic() - t
     except BaseException as e:
-        if gpu_active and (not dumped or leave_running):
+        if gpu_active and gpu is not None and (not dumped or leave_running):
             gpu.resume()  # the tree runs on as before (needs the .h5 files: before they go)
         if not dumped:
             if created:
@@ -370,7 +370,7 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
                                   new_pidns=new_ns, inherit=inherit, tied=tied and new_ns)
     timings["criu_restore_s"] = time.monotonic() - t
-    placed = []
+    placed: list[dict] = []
     if m.get("gpu_processes"):
         t = time.monotonic()
         gt, placed = _restore_gpu_or_end(m, img.path, restored, new_ns, plan, check=not checksums_verified)

@@ -95,7 +95,7 @@ def _own_pid(pid: int) -> int:
 
 
 def _socket_inodes(pid: int) -> set[int]:
-    out = set()
+    out: set[int] = set()
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -130,7 +130,7 @@ def control_socket(pid: int, run_dir: Path | None = None) -> Path | None:
             found.append(Path(f[7]))
     # A process may serve more than one (a run dir given with --run-dir): that one first.
     wanted = [p for p in found if run_dir is not None and p.parent == Path(run_dir)]
-    return (wanted or found or [None])[0]
+    return (wanted or found)[0] if found else None
 
 
 def uses_shim(pid: int) -> bool:
@@ -209,7 +209,7 @@ class ShimClient:
         except PermissionError:
             raise GpucrError(f"not allowed to talk to process {self.pid}",
                              "run as the process owner or root")
-        except socket.timeout:
+        except TimeoutError:
             raise GpucrError(f"process {self.pid} did not answer within {timeout or self.timeout:.0f} s",
                              "the process may be stopped or stuck; check it with `gpucr-hpc status`")
         except ConnectionRefusedError:

@@ -45,6 +45,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
@@ -451,7 +452,7 @@ class Client:
                         continue
                     if isinstance(r, tuple):
                         r, out_fds = r
-                    reply = {"ok": True, **r}
+                    reply = {"ok": True, **cast(dict, r)}
                 except (CudaError, ValueError, KeyError, OSError) as e:
                     reply = {"ok": False, "error": str(e)}
                     print(f"gpucr-hpc copy-helper: {msg[:40]!r}: {e}", file=sys.stderr, flush=True)
@@ -505,7 +506,7 @@ def serve(path: Path, ready=None, idle_exit: float = 0) -> None:
     while True:
         try:
             conn, _ = srv.accept()
-        except socket.timeout:
+        except TimeoutError:
             with lock:
                 idle = active[0] == 0 and time.monotonic() - idle_since[0] > idle_exit
                 unused = active[0] == 0

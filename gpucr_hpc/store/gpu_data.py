@@ -22,10 +22,11 @@ import mmap
 import os
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import cast
 
 import h5py
 import numpy as np
@@ -56,7 +57,10 @@ def write(path: Path, buffers: Iterable[Buffer], *, attrs: dict | None = None) -
             f.attrs[k] = v
         g = f.create_group(GROUP)
         for b in buffers:
-            arr = np.frombuffer(b.data, dtype=np.uint8) if not isinstance(b.data, np.ndarray) else b.data.view(np.uint8).reshape(-1)
+            if isinstance(b.data, np.ndarray):
+                arr = b.data.view(np.uint8).reshape(-1)
+            else:
+                arr = np.frombuffer(b.data, dtype=np.uint8)  # type: ignore[call-overload]  # any buffer
             if arr.size != b.size:
                 raise ValueError(f"buffer at {b.va:#x}: {arr.size} bytes, expected {b.size}")
             ds = g.create_dataset(_dataset_name(b.va), shape=(b.size,), dtype=np.uint8)
@@ -271,7 +275,7 @@ def _copy(jobs, read_into, write_from, workers: int = COPY_WORKERS) -> int:
 
 
 def _pread_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
-    view = memoryview(buf)[:n]
+    view = buf.data[:n]
     while view:
         got = os.preadv(fd, [view], off)
         if got <= 0:
@@ -285,7 +289,7 @@ def _pread_direct(fd: int, buf: np.ndarray, off: int, n: int) -> None:
     want = -(-n // DIRECT_ALIGN) * DIRECT_ALIGN
     done = 0
     while done < n:
-        got = os.preadv(fd, [memoryview(buf)[done:want]], off + done)
+        got = os.preadv(fd, [buf.data[done:want]], off + done)
         if got <= 0:
             raise OSError(errno.EIO, f"short read at offset {off + done}")
         done += got
@@ -304,7 +308,7 @@ def _open_direct(path: Path) -> int | None:
 
 
 def _pwrite_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
-    view = memoryview(buf)[:n]
+    view = buf.data[:n]
     while view:
         got = os.pwrite(fd, view, off)
         view, off = view[got:], off + got
@@ -312,7 +316,8 @@ def _pwrite_all(fd: int, buf: np.ndarray, off: int, n: int) -> None:
 
 def _payload(blobs: list[Blob], offsets: list[int | None]) -> list[tuple[int, int, int]]:
     """(file offset, size, address in the process) of each blob's bytes, in file order."""
-    return sorted((off, b.size, b.host) for b, off in zip(blobs, offsets) if b.size)
+    # every blob with bytes has an offset (the writer placed it)
+    return sorted((cast(int, off), b.size, b.host) for b, off in zip(blobs, offsets) if b.size)
 
 
 def _overlaps(payload, start: int, end: int):
@@ -357,7 +362,7 @@ def _by_blocks(size: int, block_bytes: int, workers: int, chunk) -> tuple[int, l
         for start in range(i * block_bytes, min(size, (i + 1) * block_bytes), buf.size):
             n = min(buf.size, size - start, (i + 1) * block_bytes - start)
             done += chunk(buf, start, n)
-            h.update(memoryview(buf)[:n])
+            h.update(buf.data[:n])
         digests[i] = h.hexdigest()
         return done
 
