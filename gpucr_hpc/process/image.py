@@ -55,7 +55,7 @@ from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
 
-SHIM_LIBS = ("libgpucr-cuda.so", "libgpucr-hip.so")
+SHIM_LIBS = ("libgpucr-cuda.so",)  # the shims there are (one: NVIDIA)
 
 
 # -- node and process facts ---------------------------------------------------
