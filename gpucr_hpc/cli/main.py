@@ -21,8 +21,8 @@ def cli():
 from gpucr_hpc.cli import process as cmd_process  # noqa: E402
 
 cli.add_command(cmd_process.run)
-cli.add_command(cmd_process.checkpoint)  # in place; --to DIR hands over to migrate
-cli.add_command(cmd_process.restore)  # in place; --from DIR hands over to migrate
+cli.add_command(cmd_process.checkpoint)  # in place; --to DIR writes an image (process/image)
+cli.add_command(cmd_process.restore)  # in place; --from DIR restores an image (process/image)
 cli.add_command(cmd_process.status)
 cli.add_command(cmd_process.copy_helper)
 

@@ -70,7 +70,7 @@ def stdio_of(pid: int) -> dict[str, str]:
     return out
 
 
-def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], hold_gpu: bool = False) -> dict:
+def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded: bool = False) -> dict:
     tree = criu_mod.process_tree(unit.pid)
     foreign = foreign_connections(tree)
     if foreign:
@@ -78,7 +78,7 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], hold_gpu: boo
                          f"({foreign[0]}): its peer is outside the process tree",
                          "processes connected by TCP to another rank, another node or a server "
                          "(MPI, NCCL, gloo, a TCP store) cannot be checkpointed")
-    rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, hold_gpu=hold_gpu)
+    rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, stay_yielded=stay_yielded)
     saved, script = {}, None
     if unit.name == "batch":
         m = mf.load(gen_dir / unit.name)
@@ -124,7 +124,7 @@ def resume_held(gen_dir: Path, units: list[dict]) -> list[str]:
     return errors
 
 
-def prepare(job: dict, gen_dir: Path, hold_gpu: bool = False) -> dict:
+def prepare(job: dict, gen_dir: Path, stay_yielded: bool = False) -> dict:
     site = load_site()
     node = node_name()
     run_dir = site.job_run_dir(job["id"], node)
@@ -133,7 +133,7 @@ def prepare(job: dict, gen_dir: Path, hold_gpu: bool = False) -> dict:
     t0 = time.monotonic()
     outputs = [job.get("std_out", ""), job.get("std_err", "")]
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
-        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, hold_gpu) for u in units]
+        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, stay_yielded) for u in units]
         done, errors = [], []
         for f in futures:
             try:
@@ -213,7 +213,7 @@ def run_checkpoint(args) -> int:
     job = json.loads(args.job_json)
     gen_dir = Path(args.gen_dir)
     try:
-        rep = prepare(job, gen_dir, hold_gpu=args.hold_gpu)
+        rep = prepare(job, gen_dir, stay_yielded=args.stay_yielded)
     except GpucrError as e:
         rep = {"node": node_name(), "ok": False, "units": [], "errors": [e.one_line()],
                "prepare_s": 0.0}
@@ -335,7 +335,7 @@ def main(argv=None) -> int:
     c = sub.add_parser("checkpoint")
     c.add_argument("--job-json", required=True)
     c.add_argument("--gen-dir", required=True)
-    c.add_argument("--hold-gpu", action="store_true", help="leave the GPU handed back (preempt)")
+    c.add_argument("--stay-yielded", action="store_true", help="leave the GPU handed back (preempt)")
     for name in ("yield", "reclaim"):
         sub.add_parser(name).add_argument("--job-json", required=True)
     r = sub.add_parser("resume-held")

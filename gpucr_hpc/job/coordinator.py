@@ -101,13 +101,13 @@ def checkpoint(jobid: str) -> dict:
         return _checkpoint(jobid, job)
 
 
-def _checkpoint(jobid: str, job: slurm.Job, hold_gpu: bool = False) -> dict:
-    """checkpoint, under the job's lock. hold_gpu (preempt): its GPU memory stays
+def _checkpoint(jobid: str, job: slurm.Job, stay_yielded: bool = False) -> dict:
+    """checkpoint, under the job's lock. stay_yielded (preempt): its GPU memory stays
     handed back, for the requeue that follows."""
     t0 = time.monotonic()
     site = load_site()
     gen_dir = generations.new_generation(site.job_image_dir(job.id), job.uid)
-    args = ["checkpoint", "--gen-dir", str(gen_dir)] + ["--hold-gpu"] * hold_gpu
+    args = ["checkpoint", "--gen-dir", str(gen_dir)] + ["--stay-yielded"] * stay_yielded
     try:
         result, reports, why = launch_agents(job, args)
     except GpucrError:
@@ -206,7 +206,7 @@ def preempt(jobid: str, lock_wait_s: float = 0.0) -> dict:
 
 
 def _preempt(jobid: str, job: slurm.Job) -> dict:
-    result = _checkpoint(jobid, job, hold_gpu=True)
+    result = _checkpoint(jobid, job, stay_yielded=True)
     t = time.monotonic()
     try:
         steering = _requeue(job)

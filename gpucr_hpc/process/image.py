@@ -3,7 +3,7 @@
 checkpoint_to(pid, DIR):
     1. checks   - CRIU present and new enough, the process exists and is ours,
                   DIR is new or empty (nothing is ever overwritten);
-    2. gpu      - GPU process tree (migrate_gpu): the shims quiesce and copy GPU
+    2. gpu      - GPU process tree (image_gpu): the shims quiesce and copy GPU
                   memory into their host arenas (VRAM of the allocations free,
                   `gpu_data_s`), each arena goes to DIR/process-<pid>.h5
                   (`gpu_h5_write_s`) and out of the address space, the driver
@@ -134,10 +134,10 @@ def _stage_root(need: int) -> Path | None:
 # -- checkpoint -----------------------------------------------------------------
 
 def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
-                  hold_gpu: bool = False, timeout_ms: int | None = None,
+                  stay_yielded: bool = False, timeout_ms: int | None = None,
                   run_dir: Path | None = None) -> dict:
     """Image of the tree of `pid` in to_dir. leave_running: the tree runs on, its GPU
-    state brought back; with hold_gpu it runs on without it (VRAM stays handed back,
+    state brought back; with stay_yielded it runs on without it (VRAM stays handed back,
     its GPU calls wait) until it is ended, or `image_gpu.resume_held` brings it back:
     a preemption frees the GPU now, not after the requeue. timeout_ms: how long the
     shims wait for GPU work in flight and the driver for its lock (default
@@ -157,7 +157,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
                          "which CRIU cannot record",
                          "start the program with setsid (Slurm tasks already are)")
     tree = criu_mod.process_tree(pid)
-    shimmed = uses_gpu(tree, run_dir)  # GPU step via migrate_gpu
+    shimmed = uses_gpu(tree, run_dir)  # GPU step via image_gpu
     shell_job = not criu_mod.is_session_leader(pid)
     to_dir = Path(to_dir).absolute()
     created = not to_dir.exists()
@@ -199,7 +199,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         shutil.rmtree(work, ignore_errors=True)
         # 4. Drain: persist GPU buffers and CRIU files with checksums.
         t = time.monotonic()
-        if gpu is not None and leave_running and not hold_gpu:
+        if gpu is not None and leave_running and not stay_yielded:
             timings["gpu_resume_s"] = gpu.resume()["resume_s"]  # the original runs on, on its GPU
             gpu_active = False
         for rel, size, digests in (gpu.h5_files if gpu else []):

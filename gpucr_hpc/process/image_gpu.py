@@ -220,7 +220,7 @@ def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None) -> dict
 
 def resume_held(image_dir: Path) -> dict:
     """Bring the GPU state back into a tree that a checkpoint left running with its
-    GPU held (migrate.checkpoint_to hold_gpu): its processes are the image's own."""
+    GPU yielded (image.checkpoint_to stay_yielded): its processes are the image's own."""
     m = mf.load(image_dir)
     pids = [r["pid"] for r in m.get("gpu_processes") or []]
     gone = [p for p in pids if not criu_mod.is_alive(p)]
