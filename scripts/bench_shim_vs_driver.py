@@ -151,9 +151,9 @@ def gpucr(args, gib) -> dict:
     try:
         c = ShimClient(pid, run_dir)
         deadline = time.monotonic() + 300
-        while not ready(c.status(), args) and time.monotonic() < deadline:
+        while not ready(dict(c.status().raw), args) and time.monotonic() < deadline:
             time.sleep(0.1)
-        st = c.status()
+        st = c.status().raw
         one_time = {k: st.get(k) for k in ("arena_ready", "arena_setup_s", "helper_setup_s", "arena_bytes", "arena_dir",
                                             "arena_hugetlb", "arena_pinned", "staging_bytes", "arena_prealloc",
                                             "helper_segments", "arena_segments")}

@@ -86,7 +86,7 @@ def shim_self_check() -> dict:
     """In a shimmed worker: the shim's own status (its control thread answers)."""
     from gpucr_hpc.shim.client import ShimClient
 
-    st = ShimClient(os.getpid()).status()
+    st = ShimClient(os.getpid()).status().raw
     return {k: st.get(k) for k in ("getproc_hooked", "dlsym_hooked", "gpu_bytes", "async_bytes", "allocations",
                                    "vmm_backing", "gate_waits")}
 

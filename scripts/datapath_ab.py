@@ -106,7 +106,7 @@ def main() -> int:
             p = bench.start(opts, args.gib, True, run_dir, env)
             c = ShimClient(p.p.pid, run_dir)
             deadline = time.monotonic() + 300
-            while not c.status().get("arena_ready") and time.monotonic() < deadline:
+            while not c.status().arena_ready and time.monotonic() < deadline:
                 time.sleep(0.1)
             procs[n] = (p, run_dir)
         res["first_cycles"] = {}

@@ -139,7 +139,7 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
         if not proc.wait_steps(3, args.timeout):
             res["error"] = f"shimmed run made no progress: {proc.err[-800:]}"
             return res
-        res["status_before"] = ShimClient(pid, run_dir).status()
+        res["status_before"] = dict(ShimClient(pid, run_dir).status().raw)
         for c in range(cycles):
             target = proc.steps() + args.steps_per_cycle // 2
             if not proc.wait_steps(target, 120):
@@ -152,8 +152,8 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
                 entry["helper_killed"] = True
             entry["used_mib_before"] = gpu_used_mib()
             st = ShimClient(pid, run_dir).status()
-            entry["tracked_gpu_bytes"] = st["gpu_bytes"]
-            entry["async_bytes"] = st["async_bytes"]
+            entry["tracked_gpu_bytes"] = st.gpu_bytes
+            entry["async_bytes"] = st.async_bytes
             cp = in_place.checkpoint_tree(pid, timeout_ms=20000, run_dir=run_dir)
             entry["checkpoint"] = cp["phases"]
             entry["checkpoint_path"] = {k: cp["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
@@ -171,12 +171,12 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             entry["restore_path"] = {k: rs["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
             entry["used_mib_after_restore"] = gpu_used_mib()
             st = ShimClient(pid, run_dir).status()
-            entry["arena_bytes"] = st["arena_bytes"]
-            entry["arena_used_after_restore"] = st["arena_used"]
+            entry["arena_bytes"] = st.arena_bytes
+            entry["arena_used_after_restore"] = st.arena_used
             cyc.append(entry)
             print(f"  {name} cycle {c}: used {entry['used_mib_before']} -> {entry['used_mib_after_checkpoint']} "
                   f"-> {entry['used_mib_after_restore']} MiB, cp {cp['phases']}, rs {rs['phases']}", flush=True)
-        res["status_after_cycles"] = ShimClient(pid, run_dir).status()
+        res["status_after_cycles"] = dict(ShimClient(pid, run_dir).status().raw)
     except Exception as e:  # noqa: BLE001 - keep going with the other workloads
         res["error"] = f"{type(e).__name__}: {e}; stderr: {proc.err[-800:]}"
     finally:

@@ -126,8 +126,8 @@ def assert_untouched(w: Workload, more_steps: int = 10):
     from gpucr_hpc.shim.client import ShimClient
 
     st = ShimClient(w.pid, w.run_dir).status()
-    assert st["state"] == "running" and not st["gate_closed"], st
-    assert st["checkpointed_bytes"] == 0 and st["arena_used"] == 0, st
+    assert st.state == "running" and not st.gate_closed, st
+    assert st.checkpointed_bytes == 0 and st.arena_used == 0, st
     n = w.steps()
     w.wait_steps(min(n + more_steps, w.total))
     return st
@@ -139,7 +139,7 @@ def test_managed_memory_refused(workload_bin, tmp_path, procs):
     w.wait_steps(5)
     assert_refused(checkpoint(w.pid, w.run_dir), f"process {w.pid}: checkpoint refused", "managed (UVM) memory")
     st = assert_untouched(w)
-    assert st["managed_allocations"] == 1
+    assert st.managed_allocations == 1
     w.finish_exact()
 
 
@@ -150,7 +150,7 @@ def test_ipc_exporter_refused(mode, workload_bin, tmp_path, procs):
     w.wait_steps(5)
     assert_refused(checkpoint(w.pid, w.run_dir), "checkpoint refused", "exports GPU memory to other processes")
     st = assert_untouched(w)
-    assert st["ipc_in_use"] >= 1
+    assert st.ipc_in_use >= 1
     w.finish_exact()
 
 

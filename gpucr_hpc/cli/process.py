@@ -234,20 +234,20 @@ def status(jobid, run_dir, as_json):
         return
     rows = status_all(run_dir)
     if as_json:
-        click.echo(json.dumps(rows))
+        click.echo(json.dumps([r.as_json() for r in rows]))
         return
     if not rows:
         click.echo(f"no process runs under the shim (run dir {run_dir or default_run_dir()})")
         return
     click.echo(f"{'PID':>8}  {'STATE':<13} {'GPU':>10} {'ARENA':>10}  CMD")
-    for r in rows:
-        if not r.get("ok"):
-            click.echo(f"{r['pid']:>8}  {'unreachable':<13} {'-':>10} {'-':>10}  {r.get('cmd', '')[:60]}")
+    for row in rows:
+        st = row.status
+        if not st.ok:
+            click.echo(f"{row.pid:>8}  {'unreachable':<13} {'-':>10} {'-':>10}  {row.cmd[:60]}")
             continue
-        gpu = r.get("gpu_bytes", 0) + r.get("checkpointed_bytes", 0) + r.get("async_bytes", 0)
-        state = r["state"] if r.get("cuda") or r["state"] != "running" else "running(cpu)"
-        click.echo(f"{r['pid']:>8}  {state:<13} {_gib(gpu):>10} {_gib(r.get('arena_bytes', 0)):>10}  "
-                   f"{r.get('cmd', '')[:60]}")
+        gpu = st.gpu_bytes + st.checkpointed_bytes + st.async_bytes
+        state = st.state if st.cuda or st.state != "running" else "running(cpu)"
+        click.echo(f"{row.pid:>8}  {state:<13} {_gib(gpu):>10} {_gib(st.arena_bytes):>10}  {row.cmd[:60]}")
 
 
 @click.command("copy-helper")

@@ -49,6 +49,7 @@ from gpucr_hpc.gpu import inventory as gpu_inventory
 from gpucr_hpc.gpu import remap as gpu_remap
 from gpucr_hpc.process import in_place
 from gpucr_hpc.shim.client import ShimClient
+from gpucr_hpc.shim.protocol import ARENA_ATTACH, ARENA_DETACH, NO_REPLY, STAGING_DROP, Reply
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
 from gpucr_hpc.store import manifest as mf
@@ -62,9 +63,9 @@ def _client(pid: int, sock: str) -> ShimClient:
     return c
 
 
-def _ok(reply: dict, pid: int, what: str) -> dict:
-    if not reply.get("ok"):
-        raise GpucrError(f"process {pid}: {what} failed: {reply.get('error', 'no reason given')}",
+def _ok(reply: Reply, pid: int, what: str) -> Reply:
+    if not reply.ok:
+        raise GpucrError(f"process {pid}: {what} failed: {reply.error or 'no reason given'}",
                          "start the program with GPUCR_DEBUG=1 for the shim's diagnostics on its stderr")
     return reply
 
@@ -103,12 +104,12 @@ class GpuCheckpoint:
         self._shimmed = in_place.shim_checkpoint(self.targets, self.timeout_ms, self.run_dir)
         self.timings["data_s"] = time.monotonic() - t0
         try:
-            early = not any(tg.result.get("checkpoint", {}).get("arena_pinned") for tg in self._shimmed)
+            early = not any(tg.checkpointed.arena_pinned for tg in self._shimmed)
             if early:
                 self._control(t0)
                 for tg in self._shimmed:
                     if tg.cuda:
-                        _ok(ShimClient(tg.pid, self.run_dir).request("staging_drop"), tg.pid,
+                        _ok(ShimClient(tg.pid, self.run_dir).request(STAGING_DROP), tg.pid,
                             "dropping the staging ring")
             t = time.monotonic()
             for tg in self.targets:
@@ -119,10 +120,10 @@ class GpuCheckpoint:
             t = time.monotonic()
             for rec in self.records:
                 if rec["h5"]:
-                    r = _ok(_client(rec["pid"], rec["socket"]).request("arena_detach"), rec["pid"],
+                    r = _ok(_client(rec["pid"], rec["socket"]).request(ARENA_DETACH), rec["pid"],
                             "detaching the arena")
                     self._detached.append(rec)
-                    rec["arena_bytes"] = r.get("arena_bytes", 0)
+                    rec["arena_bytes"] = r.arena_bytes
             self.timings["detach_s"] = time.monotonic() - t
             if not early:
                 self._control(t0)
@@ -144,10 +145,10 @@ class GpuCheckpoint:
     def _save(self, tg) -> dict:
         rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
                "socket": str(ShimClient(tg.pid, self.run_dir).path) if tg.shim else None}
-        reply = tg.result.get("checkpoint", {}) if tg.shim else {}
-        if reply.get("data_path"):  # how the data left the GPU (helper, bounce, direct)
-            rec["data_path"] = reply["data_path"]
-        blobs = gpu_data.blobs_from_reply(reply)
+        reply = tg.checkpointed if tg.shim else NO_REPLY
+        if reply.data_path:  # how the data left the GPU (helper, bounce, direct)
+            rec["data_path"] = reply.data_path
+        blobs = list(reply.blobs)
         if tg.cuda:
             rec["gpu_uuids"] = self._gpu_uuids(tg.pid, reply)
             per_ordinal = [0] * len(rec["gpu_uuids"])
@@ -173,13 +174,13 @@ class GpuCheckpoint:
                    copy_s=round(rep["copy_s"], 6), fsync_s=round(rep["fsync_s"], 6))
         return rec
 
-    def _gpu_uuids(self, pid: int, reply: dict) -> list[str]:
+    def _gpu_uuids(self, pid: int, reply: Reply) -> list[str]:
         """The UUIDs of the GPUs process `pid` sees, by CUDA ordinal: as its shim reported
         them, else from its CUDA_VISIBLE_DEVICES against this node's GPUs; [] if unknown
         (such an image restores onto the GPUs it had, only)."""
-        told = reply.get("device_uuids") or {}
+        told = reply.device_uuids
         if told:
-            return [told[k] for k in sorted(told, key=int)]
+            return [told[k] for k in sorted(told)]
         if self._node is None:
             self._node = gpu_inventory.node_gpus()
         try:
@@ -207,14 +208,14 @@ def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None) -> dict
     manifest `m`, each block checked against its sha256 as it is read."""
     digests, block = image_store.block_checksums(m, rec["h5"]) if m else (None, image_store.HASH_BLOCK)
     c = _client(pid, rec["socket"])
-    r = _ok(c.request("arena_attach", timeout=600.0), pid, "re-creating the arena")
+    r = _ok(c.request(ARENA_ATTACH, timeout=600.0), pid, "re-creating the arena")
     try:
-        rep = gpu_data.load_process(image_dir / rec["h5"], pid, gpu_data.blobs_from_reply(r),
+        rep = gpu_data.load_process(image_dir / rec["h5"], pid, list(r.blobs),
                                      block_digests=digests, block_bytes=block)
     except (OSError, ValueError) as e:
         raise GpucrError(f"loading the GPU data of process {pid} from {image_dir / rec['h5']} failed: {e}",
                          "restore from an intact copy of the image")
-    rep["attach_s"] = r.get("attach_s", 0.0)
+    rep["attach_s"] = r.attach_s
     return rep
 
 
@@ -310,9 +311,9 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     started = time.monotonic()
     for r, tg in targets:
         if r["shim"]:
-            rep = _ok(_client(tg.pid, r["socket"]).restore(), tg.pid, "restoring the GPU data")
-            if data_paths is not None and rep.get("data_path"):
-                data_paths[tg.pid] = rep["data_path"]
+            back = _ok(_client(tg.pid, r["socket"]).restore(), tg.pid, "restoring the GPU data")
+            if data_paths is not None and back.data_path:
+                data_paths[tg.pid] = back.data_path
     timings["data_s"] = time.monotonic() - started
     timings["gpu_total_s"] = time.monotonic() - t0
     return timings

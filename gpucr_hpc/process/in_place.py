@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.criu.run import process_tree
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
 from gpucr_hpc.shim.client import ShimClient, control_socket, pid_alive, shimmed_pids, socket_path, uses_shim
+from gpucr_hpc.shim.protocol import NO_REPLY, PREFILL, QUIESCE_TIMEOUT, Reply
 
 DEFAULT_TIMEOUT_MS = 10_000
 
@@ -42,7 +43,8 @@ class Target:
     shim_state: str = ""      # running / checkpointed (shim's view)
     driver_state: str | None = None
     gpu_pairs: list | None = None  # (old UUID, new UUID) per GPU it sees: restore onto other GPUs
-    result: dict = field(default_factory=dict)
+    checkpointed: Reply = NO_REPLY  # its shim's answer to the checkpoint
+    restored: Reply = NO_REPLY      # and to the restore
 
 
 _DRIVER = None
@@ -72,7 +74,7 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
             st = _status_of(p, run_dir, sock)
             if st is None:
                 continue  # a short-lived process (a `sleep`) ended while it was asked
-            t.cuda, t.shim_state = bool(st.get("cuda")), st.get("state", "")
+            t.cuda, t.shim_state = st.cuda, st.state
         else:
             _refuse_unreachable_shim(p)
         targets.append(t)
@@ -97,7 +99,7 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
     return targets, driver
 
 
-def _status_of(pid: int, run_dir: Path | None, sock: Path, tries: int = 10) -> dict | None:
+def _status_of(pid: int, run_dir: Path | None, sock: Path, tries: int = 10) -> Reply | None:
     """The shim's status, or None for a process on its way out. A process that
     execs (the srun wrapper's children) binds its socket anew under the same name:
     asked in between, it is asked again a moment later."""
@@ -168,12 +170,11 @@ def shim_checkpoint(targets, timeout_ms: int, run_dir: Path | None = None) -> li
                 raise
             t.shim_state = "gone"  # ended since it was found (the srun wrapper's sleep): nothing to keep
             return t
-        t.result["checkpoint"] = r
-        if not r.get("ok"):
-            why = r.get("error", "checkpoint failed")
-            raise GpucrError(f"process {t.pid}: {why}",
+        t.checkpointed = r
+        if not r.ok:
+            raise GpucrError(f"process {t.pid}: {r.error or 'checkpoint failed'}",
                              "retry when the GPU is less busy, or give a longer --timeout"
-                             if r.get("reason") == "quiesce_timeout" else "")
+                             if r.reason == QUIESCE_TIMEOUT else "")
         t.shim_state = "checkpointed"
         return t
 
@@ -194,7 +195,7 @@ def shim_prefill(targets, run_dir: Path | None = None) -> bool:
     for t in targets:
         if t.shim and t.shim_state == "checkpointed":
             try:
-                started |= bool(ShimClient(t.pid, run_dir).request("prefill").get("prefill"))
+                started |= ShimClient(t.pid, run_dir).request(PREFILL).prefill
             except GpucrError:
                 pass
     return started
@@ -205,9 +206,9 @@ def shim_restore(targets, run_dir: Path | None = None) -> None:
 
     def one(t):
         r = ShimClient(t.pid, run_dir).restore()
-        t.result["restore"] = r
-        if not r.get("ok"):
-            raise GpucrError(f"process {t.pid}: {r.get('error', 'restore failed')}", "")
+        t.restored = r
+        if not r.ok:
+            raise GpucrError(f"process {t.pid}: {r.error or 'restore failed'}", "")
         t.shim_state = "running"
         return t
 
@@ -261,18 +262,11 @@ def driver_restore(driver, targets) -> None:
         t.driver_state = "running"
 
 
-# What a process's shim reports of its checkpoint or restore, passed on in the summary.
-REPORTED = ("quiesce_s", "data_s", "allocations", "driver_path_bytes", "arena_setup_s", "prepare_s", "copy_s",
-            "release_s", "create_s", "data_path", "helper_fallback", "helper_steps", "copy_threads", "copy_stores",
-            "copy_wait")
-
-
-def _summary(pid, targets, phases, t0, key) -> dict:
+def _summary(pid, targets, phases, t0, restored: bool) -> dict:
     procs = []
     for t in targets:
-        r = t.result.get(key, {})
-        procs.append({"pid": t.pid, "shim": t.shim, "cuda": t.cuda, "bytes": r.get("bytes", 0),
-                      **{k: r[k] for k in REPORTED if k in r}})
+        r = t.restored if restored else t.checkpointed
+        procs.append({"pid": t.pid, "shim": t.shim, "cuda": t.cuda, "bytes": r.nbytes, **r.report})
     phases["total_s"] = time.monotonic() - t0
     return {"pid": pid, "processes": procs, "bytes": sum(p["bytes"] for p in procs),
             "phases": {k: round(v, 6) for k, v in phases.items()}}
@@ -286,9 +280,9 @@ def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Pat
         raise GpucrError(f"process {pid} is already checkpointed", f"restore it with `gpucr-hpc restore --pid {pid}`")
     phases = {}
     shim_checkpoint(targets, timeout_ms, run_dir)
-    done = [t.result.get("checkpoint", {}) for t in targets]
-    phases["quiesce_s"] = max([r.get("quiesce_s", 0.0) for r in done] or [0.0])
-    phases["data_s"] = max([r.get("data_s", 0.0) for r in done] or [0.0])
+    done = [t.checkpointed for t in targets]
+    phases["quiesce_s"] = max([r.quiesce_s for r in done] or [0.0])
+    phases["data_s"] = max([r.data_s for r in done] or [0.0])
     t1 = time.monotonic()
     if driver:
         try:
@@ -297,7 +291,7 @@ def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Pat
             shim_restore(targets, run_dir)
             raise GpucrError(f"{e.cause}; checkpoint aborted, the processes keep running", e.fix)
     phases["control_s"] = time.monotonic() - t1
-    return _summary(pid, targets, phases, t0, "checkpoint")
+    return _summary(pid, targets, phases, t0, restored=False)
 
 
 def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) -> dict:
@@ -322,10 +316,23 @@ def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) ->
     t1 = time.monotonic()
     shim_restore(targets, run_dir)
     phases["data_s"] = time.monotonic() - t1
-    return _summary(pid, targets, phases, t0, "restore")
+    return _summary(pid, targets, phases, t0, restored=True)
 
 
-def status_all(run_dir: Path | None = None) -> list[dict]:
+@dataclass(frozen=True)
+class ShimProcess:
+    """A process serving a control socket in the run dir: its status, or why it gave none."""
+
+    pid: int
+    cmd: str
+    status: Reply
+
+    def as_json(self) -> dict:
+        return {**self.status.raw, "cmd": self.cmd} if self.status.ok else \
+            {"ok": False, "pid": self.pid, "error": self.status.error, "cmd": self.cmd}
+
+
+def status_all(run_dir: Path | None = None) -> list[ShimProcess]:
     """The shim status of every shimmed process in the run dir."""
     out = []
     for pid in shimmed_pids(run_dir):
@@ -334,10 +341,10 @@ def status_all(run_dir: Path | None = None) -> list[dict]:
         try:
             st = client.status()
         except GpucrError as e:
-            st = {"ok": False, "pid": pid, "error": e.cause}
+            st = Reply(ok=False, pid=pid, error=e.cause)
         try:
-            st["cmd"] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
-            st["cmd"] = ""
-        out.append(st)
+            cmd = ""
+        out.append(ShimProcess(pid, cmd, st))
     return out

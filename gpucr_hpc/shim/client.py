@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.shim import protocol
 from gpucr_hpc.slurm.site import load_site
 
 SHIM_NAME = "libgpucr-cuda.so"
@@ -190,13 +191,13 @@ class ShimClient:
         self.path = path or control_socket(pid, run_dir) or socket_path(pid, run_dir)
         self.timeout = timeout
 
-    def request(self, cmd: str, timeout: float | None = None, **fields) -> dict:
-        msg = json.dumps({"cmd": cmd, **fields}) + "\n"
+    def request(self, cmd: str, timeout: float | None = None, **fields) -> protocol.Reply:
+        msg = protocol.request_line(cmd, **fields)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout or self.timeout)
         try:
             s.connect(str(self.path))
-            s.sendall(msg.encode())
+            s.sendall(msg)
             buf = b""
             while not buf.endswith(b"\n"):
                 chunk = s.recv(65536)
@@ -224,9 +225,9 @@ class ShimClient:
             raise GpucrError(f"process {self.pid} closed the control socket without answering",
                              "run as the process owner or root")
         try:
-            return json.loads(buf.decode())
-        except ValueError as e:
-            raise GpucrError(f"process {self.pid} answered `{cmd}` with something that is not JSON",
+            return protocol.Reply.parse(json.loads(buf.decode()))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise GpucrError(f"process {self.pid} answered `{cmd}` with something that is not its protocol",
                              "its shim and this gpucr-hpc differ: install both from one build") from e
 
     def _gone_fix(self) -> str:
@@ -235,13 +236,13 @@ class ShimClient:
                     "or restore --from DIR)")
         return "it may be stopped or exiting: check it with `gpucr-hpc status`, then try again"
 
-    def status(self) -> dict:
-        return self.request("status")
+    def status(self) -> protocol.Reply:
+        return self.request(protocol.STATUS)
 
-    def checkpoint(self, timeout_ms: int) -> dict:
+    def checkpoint(self, timeout_ms: int) -> protocol.Reply:
         # the socket wait covers quiesce plus the data copy
-        return self.request("checkpoint", timeout=max(60.0, timeout_ms / 1000 * 2 + 600),
+        return self.request(protocol.CHECKPOINT, timeout=max(60.0, timeout_ms / 1000 * 2 + 600),
                             timeout_ms=timeout_ms)
 
-    def restore(self) -> dict:
-        return self.request("restore", timeout=900.0)
+    def restore(self) -> protocol.Reply:
+        return self.request(protocol.RESTORE, timeout=900.0)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import json
 import mmap
 import os
 import socket
@@ -43,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
@@ -51,6 +51,17 @@ from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.gpu.driver_nvidia import load_bindings
 from gpucr_hpc.shim.client import pid_alive
+from gpucr_hpc.shim.protocol import (
+    HELPER_FORGET,
+    HELPER_IN,
+    HELPER_IN_DONE,
+    HELPER_OUT,
+    HELPER_PREFILL,
+    HELPER_SEGMENT,
+    HelperBlob,
+    HelperRequest,
+    helper_answer,
+)
 
 MSG_MAX = 64 << 10
 MAX_FDS = 64
@@ -230,8 +241,8 @@ class Client:
             raise CudaError(f"a blob of {size} bytes at {off} is outside segment {seg}")
         return addr + off
 
-    def on_segment(self, req, fds) -> dict:
-        seg, size, gen = int(req["seg"]), int(req["size"]), int(req["gen"])
+    def on_segment(self, req: HelperRequest, fds: list[int]) -> dict:
+        seg, size, gen = req.seg, req.size, req.gen
         old = self.segs.pop(seg, None)
         if old:
             self.gpu.unregister(old[2])
@@ -244,19 +255,19 @@ class Client:
         self.segs[seg] = (gen, m, addr, size)
         return {"register_s": time.monotonic() - t0}
 
-    def by_device(self, blobs):
-        out: dict[str, list] = {}
+    def by_device(self, blobs: Iterable[HelperBlob]):
+        out: dict[str, list[HelperBlob]] = {}
         for b in blobs:
-            out.setdefault(b[4], []).append(b)
+            out.setdefault(b.device, []).append(b)
         return out.items()
 
-    def on_out(self, req, fds) -> dict:
-        blobs = req["blobs"]
-        sent = [b for b in blobs if not int(b[5])]
+    def on_out(self, req: HelperRequest, fds: list[int]) -> dict:
+        blobs = req.blobs
+        sent = [b for b in blobs if not b.held]
         if len(fds) != len(sent):
             raise CudaError(f"{len(sent)} exported blobs came with {len(fds)} descriptors")
-        fd_of = {int(b[0]): fd for b, fd in zip(sent, fds)}
-        missing = [int(b[0]) for b in blobs if int(b[5]) and int(b[0]) not in self.kept]
+        fd_of = {b.id: fd for b, fd in zip(sent, fds)}
+        missing = [b.id for b in blobs if b.held and b.id not in self.kept]
         if missing:
             raise CudaError(f"allocations {missing} are not held here")
         t0, moved, steps = time.monotonic(), 0, Steps()
@@ -267,16 +278,16 @@ class Client:
                 # each allocation's copies start as soon as it is mapped: the
                 # next one is imported and mapped while they run
                 for b in group:
-                    size, opened = int(b[1]), None
-                    if int(b[5]):
-                        h, va, size = self.kept.pop(int(b[0]))
+                    size, opened = b.size, None
+                    if b.held:
+                        h, va, size = self.kept.pop(b.id)
                     else:
                         with steps.timed("import_s"):
-                            h = self.gpu.import_fd(fd_of[int(b[0])])
+                            h = self.gpu.import_fd(fd_of[b.id])
                         va = self.gpu.map_new(h, size, steps)
                         opened = ordinal
                     held.append((h, va, size))
-                    self.gpu.enqueue(uuid, va, self.host(int(b[2]), int(b[3]), size), size, True, steps, opened)
+                    self.gpu.enqueue(uuid, va, self.host(b.seg, b.off, size), size, True, steps, opened)
                 with steps.timed("wait_s"):
                     self.gpu.sync(uuid)
             except BaseException:
@@ -289,7 +300,7 @@ class Client:
             self.after_answer.extend(held)
         return {"bytes": moved, "seconds": time.monotonic() - t0, **steps}
 
-    def make(self, blobs, steps: Steps, wait: bool = True) -> list[str]:
+    def make(self, blobs: Iterable[HelperBlob], steps: Steps, wait: bool = True) -> list[str]:
         """Create and fill the allocations of these blobs (for `in`); each one's
         copies start as soon as it is mapped, while the next one is created.
         wait False: the copies may still run; the GPUs to sync() are returned."""
@@ -299,14 +310,14 @@ class Client:
             touched.append(uuid)
             try:
                 for b in group:
-                    if int(b[0]) in self.made:
+                    if b.id in self.made:
                         continue
-                    size = int(b[1])
+                    size = b.size
                     with steps.timed("create_s"):
                         h = self.gpu.create(size, ordinal)
                     va = self.gpu.map_new(h, size, steps)
-                    self.made[int(b[0])] = (h, va, size)
-                    self.gpu.enqueue(uuid, va, self.host(int(b[2]), int(b[3]), size), size, False, steps, ordinal)
+                    self.made[b.id] = (h, va, size)
+                    self.gpu.enqueue(uuid, va, self.host(b.seg, b.off, size), size, False, steps, ordinal)
                 if wait:
                     with steps.timed("wait_s"):
                         self.gpu.sync(uuid)
@@ -315,9 +326,9 @@ class Client:
                 raise
         return touched
 
-    def on_prefill(self, req, fds) -> dict:
+    def on_prefill(self, req: HelperRequest, fds: list[int]) -> dict:
         """Answered at once: the driver restore waits for this answer."""
-        blobs = req["blobs"]
+        blobs = req.blobs
 
         def run():
             steps = Steps()
@@ -338,7 +349,7 @@ class Client:
             t.join()
         self.prefills = []
 
-    def on_in(self, req, fds) -> tuple[dict, list[int]]:
+    def on_in(self, req: HelperRequest, fds: list[int]) -> tuple[dict, list[int]]:
         """Answered once the allocations are exported, while their copies run:
         the process imports and maps them meanwhile, and its `in_done` waits
         for the copies."""
@@ -351,14 +362,14 @@ class Client:
             err, self.made_error = self.made_error, None
             self.drop_made()
             raise CudaError(err)
-        blobs = req["blobs"]
+        blobs = req.blobs
         out = []
         try:
             # whatever the prefill did not make
             self.filling.update(self.make(blobs, steps, wait=False))
             with steps.timed("export_s"):
                 for b in blobs:
-                    out.append(self.gpu.export_fd(self.made[int(b[0])][0]))
+                    out.append(self.gpu.export_fd(self.made[b.id][0]))
         except BaseException:
             self.settle_filling()
             for fd in out:
@@ -366,7 +377,7 @@ class Client:
             self.drop_made()  # half-filled: a retry makes them again
             raise
         for b in blobs:
-            self.handed[int(b[0])] = self.made.pop(int(b[0]))
+            self.handed[b.id] = self.made.pop(b.id)
         return {"seconds": time.monotonic() - t0, **steps}, out
 
     def settle_filling(self) -> None:
@@ -374,7 +385,7 @@ class Client:
             self.gpu.settle(uuid)
         self.filling = set()
 
-    def on_in_done(self, req, fds) -> dict:
+    def on_in_done(self, req: HelperRequest | None, fds: list[int]) -> dict:
         """Once the copies of what `in` handed over are done: keep them (the
         process imported them), or let go. A failed copy is this call's error."""
         steps = Steps()
@@ -390,7 +401,7 @@ class Client:
             self.handed = {}
             raise
         self.filling = set()
-        if req and req.get("keep"):
+        if req is not None and req.keep:
             # a restore retried after one that failed in the process: the old one goes
             self.let_go(self.kept.pop(i) for i in self.handed.keys() & self.kept.keys())
             self.kept.update(self.handed)
@@ -399,8 +410,8 @@ class Client:
         self.handed = {}
         return {**steps}
 
-    def on_forget(self, req, fds) -> None:
-        got = self.kept.pop(int(req["id"]), None)
+    def on_forget(self, req: HelperRequest, fds: list[int]) -> None:
+        got = self.kept.pop(req.id, None)
         if got:
             self.let_go([got])
 
@@ -431,8 +442,8 @@ class Client:
         self.conn.close()
 
     def serve(self) -> None:
-        handlers = {"segment": self.on_segment, "out": self.on_out, "prefill": self.on_prefill,
-                    "in": self.on_in, "in_done": self.on_in_done, "forget": self.on_forget}
+        handlers = {HELPER_SEGMENT: self.on_segment, HELPER_OUT: self.on_out, HELPER_PREFILL: self.on_prefill,
+                    HELPER_IN: self.on_in, HELPER_IN_DONE: self.on_in_done, HELPER_FORGET: self.on_forget}
         try:
             while True:
                 try:
@@ -443,24 +454,24 @@ class Client:
                     return
                 out_fds: list[int] = []
                 try:
-                    req = json.loads(msg)
-                    fn = handlers.get(req.get("cmd"))
+                    req = HelperRequest.parse(msg)
+                    fn = handlers.get(req.cmd)
                     if fn is None:
-                        raise CudaError(f"unknown request {req.get('cmd')!r}")
+                        raise CudaError(f"unknown request {req.cmd!r}")
                     r = fn(req, fds)
                     if r is None:  # forget: no answer
                         continue
                     if isinstance(r, tuple):
                         r, out_fds = r
-                    reply = {"ok": True, **cast(dict, r)}
-                except (CudaError, ValueError, KeyError, OSError) as e:
-                    reply = {"ok": False, "error": str(e)}
+                    reply = helper_answer(cast(dict, r))
+                except (CudaError, ValueError, KeyError, TypeError, IndexError, OSError) as e:
+                    reply = helper_answer(error=str(e))
                     print(f"gpucr-hpc copy-helper: {msg[:40]!r}: {e}", file=sys.stderr, flush=True)
                 finally:
                     for fd in fds:
                         os.close(fd)
                 try:
-                    data = json.dumps(reply).encode()
+                    data = reply
                     if out_fds:
                         socket.send_fds(self.conn, [data], out_fds)
                     else:

@@ -32,6 +32,7 @@ import h5py
 import numpy as np
 
 from gpucr_hpc import config
+from gpucr_hpc.shim.protocol import Blob
 from gpucr_hpc.store import writeback
 
 GROUP = "allocations"
@@ -136,24 +137,6 @@ LOAD_WORKERS = 8
 # file systems may differ. Read at each load (config).
 DIRECT_ALIGN = 4096
 ALIGN = 1 << 20
-
-
-@dataclass
-class Blob:
-    """One allocation in the shim's arena (the shim's `blobs` reply)."""
-
-    handle: int   # the shim's handle of the allocation (stable across restore)
-    va: int       # where it is mapped whole in the process (0: not mapped whole)
-    size: int
-    device: int
-    host: int     # its address in the process's arena
-
-
-def blobs_from_reply(reply: dict) -> list[Blob]:
-    items = (reply.get("blobs") or {}).items()
-    return [Blob(handle=int(b["handle"]), va=int(b["va"]), size=int(b["size"]),
-                 device=int(b["device"]), host=int(b["host"]))
-            for _, b in sorted(items, key=lambda kv: int(kv[0]))]
 
 
 def _blob_name(b: Blob) -> str:

@@ -1,0 +1,79 @@
+"""Every control-socket message between the real shim and the Python side, parsed by
+gpucr_hpc/shim/protocol.py (a CPU process: the GPU data messages of the copy helper
+are exercised by test_copy_helper_gpu.py on a GPU machine)."""
+
+import subprocess
+
+import pytest
+from shim_helpers import shim_env, wait_for
+
+from gpucr_hpc.shim import protocol
+from gpucr_hpc.shim.client import ShimClient
+
+
+@pytest.fixture
+def client(tmp_path):
+    run = tmp_path / "run"
+    p = subprocess.Popen(["sleep", "60"], env=shim_env(run))
+    assert wait_for(run / f"{p.pid}.sock"), "no control socket appeared"
+    yield p.pid, ShimClient(p.pid, run)
+    p.kill()
+    p.wait()
+
+
+def test_status_ping_checkpoint_restore_round_trip(client):
+    pid, c = client
+    st = c.status()
+    assert st.ok and st.pid == pid and st.state == "running" and not st.cuda and not st.gate_closed
+    assert st.gpu_bytes == st.checkpointed_bytes == st.arena_used == 0
+    assert st.raw["pid"] == pid  # the whole answer kept for --json
+    assert c.request(protocol.PING).ok
+    cp = c.checkpoint(1000)
+    assert cp.ok and not cp.cuda and cp.nbytes == 0 and cp.blobs == ()
+    assert c.status().state == "checkpointed"
+    assert c.request(protocol.STAGING_DROP).ok
+    rs = c.restore()
+    assert rs.ok and c.status().state == "running"
+
+
+@pytest.mark.parametrize("cmd", [protocol.PREFILL, protocol.ARENA_DETACH, protocol.ARENA_ATTACH])
+def test_a_refusal_is_a_reply_with_its_error_and_reason(client, cmd):
+    """A CPU process has no GPU data: each GPU data request is refused, typed."""
+    _, c = client
+    c.checkpoint(1000)
+    r = c.request(cmd)
+    assert not r.ok and r.error and r.reason
+
+
+def test_every_request_is_one_the_shim_knows(client):
+    _, c = client
+    known = [protocol.STATUS, protocol.PING, protocol.CHECKPOINT, protocol.RESTORE, protocol.PREFILL,
+             protocol.STAGING_DROP, protocol.ARENA_DETACH, protocol.ARENA_ATTACH]
+    unknown = c.request("frobnicate")
+    assert not unknown.ok
+    for cmd in known:
+        assert c.request(cmd).error != unknown.error, cmd
+
+
+def test_blobs_and_device_uuids_parse_in_order():
+    """The checkpoint answer's GPU part as the shim writes it (shim/checkpoint.c)."""
+    r = protocol.Reply.parse({"ok": True, "bytes": 48, "cuda": True, "data_path": "bounce",
+                              "device_uuids": {"1": "GPU-b", "0": "GPU-a"}, "quiesce_s": 0.5,
+                              "blobs": {"10": {"handle": 10, "va": 4096, "size": 32, "device": 1, "host": 8192},
+                                        "2": {"handle": 2, "va": 0, "size": 16, "device": 0, "host": 0}}})
+    assert [b.handle for b in r.blobs] == [2, 10]
+    assert r.blobs[1] == protocol.Blob(handle=10, va=4096, size=32, device=1, host=8192)
+    assert dict(r.device_uuids) == {0: "GPU-a", 1: "GPU-b"} and r.nbytes == 48
+    assert r.report == {"quiesce_s": 0.5, "data_path": "bounce"} and r.quiesce_s == 0.5
+
+
+def test_copy_helper_requests_parse_as_the_shim_writes_them():
+    """The copy helper's requests as shim/helper.c writes them: blobs as arrays."""
+    out = protocol.HelperRequest.parse(b'{"cmd": "out", "blobs": [[7, 4096, 0, 128, "GPU-a", 1]]}')
+    assert out.cmd == protocol.HELPER_OUT
+    assert out.blobs == (protocol.HelperBlob(id=7, size=4096, seg=0, off=128, device="GPU-a", held=True),)
+    seg = protocol.HelperRequest.parse(b'{"cmd": "segment", "seg": 2, "size": 65536, "gen": 3}')
+    assert (seg.seg, seg.size, seg.gen) == (2, 65536, 3)
+    assert protocol.HelperRequest.parse(b'{"cmd": "in_done", "keep": true}').keep
+    assert protocol.HelperRequest.parse(b'{"cmd": "forget", "id": 9}').id == 9
+    assert protocol.helper_answer(error="boom") == b'{"ok": false, "error": "boom"}'
