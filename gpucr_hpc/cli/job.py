@@ -11,9 +11,9 @@ import stat
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from gpucr_hpc.cli import output
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import coordinator, generations
 from gpucr_hpc.job import dirs as job_dirs
@@ -170,15 +170,22 @@ def generation_cells(r: dict) -> list[str]:
 def ls(jobid, as_json):
     """List the checkpoints in the image store: jobs, generations, sizes, nodes."""
     rows = job_rows(jobid)
+    job_dir = load_site().job_image_dir(jobid) if jobid else None
+    if job_dir is not None and not job_dir.exists():  # not a --gpucr=on job of this store
+        raise GpucrError(f"the image store has no job {jobid} ({job_dir})",
+                         "`gpucr-hpc ls` lists the jobs it has; `gpucr-hpc status JOBID` says what happened "
+                         "to the job")
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title="gpucr-hpc checkpoints")
-    for col in ("job", "generation", "state", "size", "nodes", "units", "created"):
-        table.add_column(col)
+    if not rows:
+        click.echo(f"no checkpoint of job {jobid} yet" if jobid else
+                   f"no checkpoints in the image store ({load_site().imageroot})")
+        return
+    t = output.table("gpucr-hpc checkpoints", ("job", "generation", "state", "size", "nodes", "units", "created"))
     for r in rows:
-        table.add_row(r["job"], *generation_cells(r))
-    Console().print(table)
+        t.add_row(r["job"], *generation_cells(r))
+    output.console().print(t)
 
 
 def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
@@ -245,7 +252,7 @@ def show_job_status(jobid: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st, indent=2, default=str))
         return
-    console = Console()
+    console = output.console()
     head = Table.grid(padding=(0, 2))
     for key in ("job", "state", "user", "partition", "nodes", "restarts", "latest"):
         if key in st:
@@ -253,12 +260,10 @@ def show_job_status(jobid: str, as_json: bool) -> None:
             head.add_row(key, value or "-")
     console.print(head)
     if st["generations"]:
-        table = Table(title="checkpoints")
-        for col in ("generation", "state", "size", "nodes", "units", "created"):
-            table.add_column(col)
+        t = output.table("checkpoints", ("generation", "state", "size", "nodes", "units", "created"))
         for r in st["generations"]:
-            table.add_row(*generation_cells(r))
-        console.print(table)
+            t.add_row(*generation_cells(r))
+        console.print(t)
     else:
         console.print("no checkpoint yet")
     for line in st["log"]:
