@@ -18,6 +18,7 @@ from gpucr_hpc.gpu import remap as gpu_remap
 from gpucr_hpc.gpu.inventory import Gpu
 from gpucr_hpc.gpu.remap import ImageGpu
 from gpucr_hpc.process import image_gpu
+from gpucr_hpc.shim.protocol import NO_REPLY, Reply
 
 GiB = 1 << 30
 H100 = "NVIDIA H100 80GB HBM3"
@@ -285,13 +286,13 @@ def test_checkpoint_records_the_shims_gpus_else_the_environment():
     gc = image_gpu.GpuCheckpoint.__new__(image_gpu.GpuCheckpoint)
     gc._node = node((H100, 70), (H100, 70))
     told = {str(i): uuid(i) for i in range(11)}   # ordinals sort as numbers, not text
-    assert gc._gpu_uuids(1, {"device_uuids": told}) == [uuid(i) for i in range(11)]
+    assert gc._gpu_uuids(1, Reply.parse({"ok": True, "device_uuids": told})) == [uuid(i) for i in range(11)]
     p = started_with({"CUDA_VISIBLE_DEVICES": "1,0"})
     try:
-        assert gc._gpu_uuids(p.pid, {}) == [uuid(101), uuid(100)]
+        assert gc._gpu_uuids(p.pid, NO_REPLY) == [uuid(101), uuid(100)]
     finally:
         stop(p)
-    assert gc._gpu_uuids(2**22 + 12345, {}) == []   # no such process: not recorded
+    assert gc._gpu_uuids(2**22 + 12345, NO_REPLY) == []   # no such process: not recorded
 
 
 def test_driver_restore_args_hold_the_pairs():

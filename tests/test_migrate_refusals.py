@@ -324,9 +324,11 @@ def test_shim_failure_points_at_the_shims_debug_switch():
     from pathlib import Path
 
     from gpucr_hpc.process import image_gpu
+    from gpucr_hpc.shim.protocol import Reply
 
     with pytest.raises(GpucrError) as e:
-        image_gpu._ok({"ok": False, "error": "arena_attach: mmap failed"}, 4242, "re-creating the arena")
+        image_gpu._ok(Reply.parse({"ok": False, "error": "arena_attach: mmap failed"}), 4242,
+                      "re-creating the arena")
     line = e.value.one_line()
     assert line.startswith("process 4242: re-creating the arena failed: arena_attach: mmap failed; ")
     assert "GPUCR_DEBUG=1" in line and "GPUCR_LOG" not in line

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from gpucr_hpc import units
 from gpucr_hpc.cli import output
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import coordinator, generations
@@ -21,21 +22,13 @@ from gpucr_hpc.slurm.site import load_site
 from gpucr_hpc.store import manifest as mf
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def print_job_result(kind: str, result: dict, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
         return
     click.echo(f"{kind} job {result.get('job', '')}{result['generation']}: "
                f"{len(result.get('units', []))} unit(s) on {', '.join(result.get('nodes', []))}, "
-               f"{_size(result.get('bytes', 0))} in {result.get('total_s', 0):.2f} s "
+               f"{units.size(result.get('bytes', 0))} in {result.get('total_s', 0):.2f} s "
                f"(prepare {result.get('prepare_s', 0):.2f} s)")
     click.echo(f"image: {result['image']}")
 
@@ -160,7 +153,7 @@ def generation_state(r: dict) -> str:
 
 def generation_cells(r: dict) -> list[str]:
     """generation, state, size, nodes, units, created: one row of the ls/status tables."""
-    return [r["generation"], generation_state(r), _size(r.get("bytes", 0)),
+    return [r["generation"], generation_state(r), units.size(r.get("bytes", 0)),
             ",".join(r.get("nodes", [])), str(len(r.get("units", []))), r.get("created") or ""]
 
 
@@ -192,7 +185,7 @@ def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
         return
-    gpu = (f"GPU memory of {result['gpu_processes']} process(es), {_size(result['bytes'])}"
+    gpu = (f"GPU memory of {result['gpu_processes']} process(es), {units.size(result['bytes'])}"
            if result["gpu_processes"] else "no GPU process")
     click.echo(f"{verb} job {jobid} on {', '.join(result['nodes'])}: {gpu}, "
                f"in {result.get('total_s', 0):.2f} s")

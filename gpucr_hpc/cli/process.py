@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from gpucr_hpc import config
+from gpucr_hpc import config, units
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.process import image as process_image
@@ -18,13 +18,8 @@ from gpucr_hpc.process.in_place import DEFAULT_TIMEOUT_MS, checkpoint_tree, rest
 from gpucr_hpc.shim.client import default_run_dir, shim_library
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
-
-
 def _phases_line(phases: dict) -> str:
-    order = ["quiesce_s", "data_s", "control_s", "total_s"]
-    return ", ".join(f"{k[:-2]} {phases[k]:.3f} s" for k in order if k in phases)
+    return units.timings_line(phases, ("quiesce_s", "data_s", "control_s", "total_s"))
 
 
 def shim_environment(env: Mapping[str, str], arena: str | None = None, run_dir: str | None = None,
@@ -127,7 +122,7 @@ def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir, leave_running):
         click.echo(json.dumps(result))
         return
     n = len([p for p in result["processes"] if p["shim"] or p["cuda"]])
-    click.echo(f"checkpointed {pid} ({n} process{'es' if n != 1 else ''}, {_gib(result['bytes'])}): "
+    click.echo(f"checkpointed {pid} ({n} process{'es' if n != 1 else ''}, {units.size(result['bytes'])}): "
                f"{_phases_line(result['phases'])}")
 
 
@@ -204,7 +199,7 @@ def restore(jobid, pid, source, resubmit, run_dir, as_json, pidns, rewind_files,
     if as_json:
         click.echo(json.dumps(result))
         return
-    click.echo(f"restored {pid} ({_gib(result['bytes'])}): {_phases_line(result['phases'])}")
+    click.echo(f"restored {pid} ({units.size(result['bytes'])}): {_phases_line(result['phases'])}")
 
 
 def image_dir(source: str) -> str:
@@ -247,7 +242,7 @@ def status(jobid, run_dir, as_json):
             continue
         gpu = st.gpu_bytes + st.checkpointed_bytes + st.async_bytes
         state = st.state if st.cuda or st.state != "running" else "running(cpu)"
-        click.echo(f"{row.pid:>8}  {state:<13} {_gib(gpu):>10} {_gib(st.arena_bytes):>10}  {row.cmd[:60]}")
+        click.echo(f"{row.pid:>8}  {state:<13} {units.size(gpu):>10} {units.size(st.arena_bytes):>10}  {row.cmd[:60]}")
 
 
 @click.command("copy-helper")

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import click
 
-from gpucr_hpc import config
+from gpucr_hpc import config, units
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.store import files as image_store
@@ -418,11 +418,11 @@ def _print_report(kind: str, rep: dict, as_json: bool) -> None:
         click.echo(json.dumps(rep, indent=2, sort_keys=True))
         return
     t = rep["timings"]
-    phases = "  ".join(f"{k}={v:.3f}s" for k, v in t.items())
+    phases = units.timings_line(t)
     if kind == "checkpoint":
         state = "left running" if rep["leave_running"] else "stopped"
         click.echo(f"checkpointed PID {rep['pid']} ({len(rep['pids'])} processes, {state}) "
-                   f"to {rep['image']}: {rep['bytes'] / 1e6:.1f} MB")
+                   f"to {rep['image']}: {units.size(rep['bytes'])}")
     else:
         click.echo(f"restored {rep['image']} as PID {rep['pid']} "
                    f"({rep['pidns']} PID namespace, PID {rep['ns_pid']} inside)")
