@@ -110,3 +110,17 @@ def test_nodes_have_their_own_addresses(slurm_cluster, tmp_path):
         assert me["resolved"] == {"n1": a["addrs"][0], "n2": b["addrs"][0]}, me
     assert b["back"] == "hello from n2"[::-1] and a["got"] == "hello from n2"
     assert a["peer"] == b["local"] == b["addrs"][0]
+
+
+def test_pmix_world_spans_nodes_over_their_addresses(slurm_cluster):
+    """srun --mpi=pmix (the node agents' launch) makes one MPI world of ranks on n1
+    and n2, whose messages go over TCP between the nodes' own addresses."""
+    if not slurm_cluster.netns:
+        pytest.skip(f"the test cluster runs in loopback mode: {slurm_cluster.net_why}")
+    prog = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
+            "print(c.rank, socket.gethostname(), c.allreduce(c.rank + 1), flush=True)")
+    env = dict(slurm_cluster.env, OMPI_MCA_btl="tcp,self")  # no shared memory between "nodes"
+    r = slurm_cluster.run("srun", "-N2", "--ntasks=2", "--ntasks-per-node=1", "-w", "n1,n2", "--mpi=pmix",
+                          sys.executable, "-c", prog, env=env, check=False, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(r.stdout.strip().splitlines()) == ["0 n1 3", "1 n2 3"], r.stdout
