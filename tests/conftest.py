@@ -65,6 +65,26 @@ class SlurmCluster:
         cluster); where the test machine allows no mounts, they differ by node (%n)."""
         return "/node-local/" in self.conf.read_text()
 
+    @property
+    def netns(self) -> bool:
+        """Whether each node has its own network namespace and address (scripts/testcluster
+        up says why not where it cannot: then all nodes share 127.0.0.1)."""
+        net = self.state / "net"
+        return net.exists() and net.read_text().split()[:1] == ["netns"]
+
+    @property
+    def net_why(self) -> str:
+        """Why the nodes share 127.0.0.1 (empty in netns mode)."""
+        net = self.state / "net"
+        return net.read_text().strip().partition(" ")[2] if net.exists() else "no network recorded"
+
+    @property
+    def outside_addr(self) -> str:
+        """The address at which a job reaches this machine's own processes (the test
+        runner's servers): the bridge's in netns mode, else 127.0.0.1."""
+        m = re.search(r"^SlurmctldHost=[^(\s]*\(([^)]+)\)", self.conf.read_text(), re.M)
+        return m.group(1) if m else "127.0.0.1"
+
     def restore_log(self, jobid: str) -> str:
         """What the job's restores logged (for a test's failure message)."""
         log = self.state / "images" / jobid / "restore.log"

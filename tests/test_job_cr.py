@@ -173,13 +173,21 @@ def test_site_fast_path_leaves_cpu_ranks_as_they_were(slurm_cluster, workdir, si
 PEERS = r"""
 import os, socket, sys, time
 rank, port = int(os.environ["SLURM_PROCID"]), int(sys.argv[1])
+addr_file = sys.argv[2] + "/peer-addr"
 if rank == 0:
-    srv = socket.create_server(("127.0.0.1", port))
+    # Its node's own address where nodes have one (scripts/testcluster, netns mode).
+    try:
+        addr = socket.gethostbyname(os.environ["SLURMD_NODENAME"])
+    except OSError:
+        addr = "127.0.0.1"
+    srv = socket.create_server((addr, port))
+    open(addr_file + ".tmp", "w").write(addr)
+    os.rename(addr_file + ".tmp", addr_file)
     conn, _ = srv.accept()
 else:
     for _ in range(100):
         try:
-            conn = socket.create_connection(("127.0.0.1", port))
+            conn = socket.create_connection((open(addr_file).read(), port))
             break
         except OSError:
             time.sleep(0.1)

@@ -88,11 +88,11 @@ echo "after srun rc=$?"
 # outside the job (which no checkpoint can take along) until the server closes it.
 HOLDER = r"""
 import os, socket, sys, time
-port, trigger = int(sys.argv[1]), sys.argv[2]
+addr, port, trigger = sys.argv[3], int(sys.argv[1]), sys.argv[2]
 while not os.path.exists(trigger):
     time.sleep(0.05)
 try:
-    conn = socket.create_connection(("127.0.0.1", port))
+    conn = socket.create_connection((addr, port))
     conn.recv(1)
 except OSError:
     pass
@@ -100,10 +100,12 @@ except OSError:
 
 
 class OneClientServer:
-    """A TCP server on 127.0.0.1 that holds the one connection it accepts until closed."""
+    """A TCP server on addr (where the job's nodes reach this machine) that holds the
+    one connection it accepts until closed."""
 
-    def __init__(self):
-        self.srv = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, addr):
+        self.addr = addr
+        self.srv = socket.create_server((addr, 0))
         self.port = self.srv.getsockname()[1]
         self.conn = None
         threading.Thread(target=self._accept, daemon=True).start()
@@ -130,11 +132,11 @@ def test_failed_automatic_checkpoint_line_survives_the_restore(slurm_cluster, wo
     steps = 300
     (workdir / "holder.py").write_text(HOLDER)
     trigger, log, out = workdir / "connect-now", workdir / "count.txt", workdir / "job.out"
-    server = OneClientServer()
+    server = OneClientServer(slurm_cluster.outside_addr)
     script = workdir / "job.sh"
     script.write_text(f"""#!/bin/bash
 echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
-{sys.executable} {workdir}/holder.py {server.port} {trigger} &
+{sys.executable} {workdir}/holder.py {server.port} {trigger} {server.addr} &
 {sys.executable} {workdir}/counter.py {log} {steps}
 wait
 echo "after python"
