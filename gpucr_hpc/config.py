@@ -254,6 +254,10 @@ SETTINGS: tuple[Setting, ...] = (
        set_by=("test", "scripts")),
     _s("GPUCR_TESTCLUSTER_PORT", "int", "16817", "The test cluster's first port.", "scripts",
        set_by=("test", "scripts")),
+    _s("GPUCR_TESTCLUSTER_NET", "choice", "netns",
+       "`loopback`: the test cluster's nodes share 127.0.0.1 instead of a network namespace and an address each "
+       "(also what `up` falls back to where namespaces or the bridge cannot be made).", "scripts",
+       set_by=("test", "scripts"), choices=("netns", "loopback")),
     _s("GPUCR_SLURM_PREFIX", "path", None,
        "A Slurm unpacked under this dir (`scripts/fetch-slurm-debs`) instead of the system's, for the test "
        "cluster.", "scripts", set_by=("test", "scripts"), default_doc="the system's Slurm"),
