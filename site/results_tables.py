@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 from pathlib import Path
+
+import doc_blocks  # beside this script
 
 SITE = Path(__file__).resolve().parent
 REPO = SITE.parent
@@ -258,11 +259,7 @@ BLOCKS = {
 
 def render(text: str) -> str:
     for name, fn in BLOCKS.items():
-        pat = re.compile(rf"(<!-- BEGIN {re.escape(name)} -->\n).*?(<!-- END {re.escape(name)} -->)", re.S)
-        if not pat.search(text):
-            raise SystemExit(f"results_tables: no block '{name}' in {DOC}")
-        body = fn()
-        text = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        text = doc_blocks.fill(text, name, fn(), f"results_tables: {DOC}")
     return text
 
 

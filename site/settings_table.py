@@ -16,7 +16,6 @@ more than one; every declared one is in at least one.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -24,6 +23,8 @@ SITE = Path(__file__).resolve().parent
 REPO = SITE.parent
 DOCS = SITE / "docs"
 sys.path.insert(0, str(REPO))
+
+import doc_blocks  # noqa: E402  (beside this script)
 
 from gpucr_hpc import config  # noqa: E402
 
@@ -91,11 +92,7 @@ def render(page: str, text: str) -> str:
     for name, (where, fn) in BLOCKS.items():
         if where != page:
             continue
-        pat = re.compile(rf"(<!-- BEGIN {re.escape(name)} -->\n).*?(<!-- END {re.escape(name)} -->)", re.S)
-        if not pat.search(text):
-            raise SystemExit(f"settings_table: no block '{name}' in {DOCS / page}")
-        body = fn()
-        text = pat.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+        text = doc_blocks.fill(text, name, fn(), f"settings_table: {DOCS / page}")
     return text
 
 
