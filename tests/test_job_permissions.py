@@ -118,7 +118,7 @@ def test_job_dir_of_a_job_with_an_srun_step_is_private(slurm_cluster, users, use
             line = one_error_line(r)
             assert "Traceback" not in r.stderr and f"uid {a.pw_uid}" in line, r.stderr
         assert jobid not in gpucr_as(b, "ls", "--json", env=slurm_cluster.env).stdout
-        assert gpucr_as(a, "ls", jobid).returncode == 0
+        assert gpucr_as(a, "ls", jobid, env=slurm_cluster.env).returncode == 0
         # A dir left readable by an earlier version, with a generation in it: still one line.
         assert as_user(a, "mkdir", "-m", "0700", str(job_dir / "gen-1")).returncode == 0
         job_dir.chmod(0o755)
