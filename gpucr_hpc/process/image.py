@@ -1,4 +1,4 @@
-"""Whole-process migration: checkpoint a process tree to an image, restore it.
+"""Whole-process images: checkpoint a process tree to an image, restore it.
 
 checkpoint_to(pid, DIR):
     1. checks   - CRIU present and new enough, the process exists and is ours,

@@ -1,4 +1,4 @@
-"""The GPU step of whole-process migration: GPU data to one HDF5 file per process,
+"""The GPU step of a whole-process image: GPU data to one HDF5 file per process,
 the rest through the driver, the shim's arena out of CRIU's way.
 
 Checkpoint (`GpuCheckpoint`), on the shimmed and CUDA processes of the tree:

@@ -12,7 +12,7 @@ Restore is the mirror: driver restore + unlock, then the shims copy the data
 back at the same addresses and reopen their gates.
 
 `checkpoint_tree()` / `restore_tree()` are the entry points; the job-level and
-migration commands build on `Target`, `shim_checkpoint()`, `driver_checkpoint()`,
+image commands build on `Target`, `shim_checkpoint()`, `driver_checkpoint()`,
 `driver_restore()` and `shim_restore()`.
 """
 

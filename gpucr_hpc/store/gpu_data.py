@@ -117,7 +117,7 @@ def file_attrs(path: Path) -> dict:
 
 # -- a live process's arena <-> one HDF5 file ------------------------------------
 #
-# Whole-process migration saves the shim's arena (where the GPU data of a
+# A whole-process image saves the shim's arena (where the GPU data of a
 # checkpointed process lies) straight from the process's memory: the file's
 # layout is made first with h5py (contiguous datasets, storage allocated, no
 # fill), then the bytes are copied between the process (process_vm_readv /
