@@ -7,11 +7,13 @@ from collections.abc import Iterable, Mapping
 
 def size(n: float) -> str:
     """Bytes in binary units with one decimal: `512 B`, `7.1 MiB`, `80.0 GiB`."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if abs(n) < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    raise AssertionError("unreachable")
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} TiB"
 
 
 def timing(name: str, value: float) -> str:
@@ -26,4 +28,4 @@ def timing(name: str, value: float) -> str:
 def timings_line(t: Mapping[str, float | None], order: Iterable[str] | None = None) -> str:
     """A report's timings on one line, in `order` where given (others left out), else as they come."""
     keys = [k for k in order if k in t] if order is not None else list(t)
-    return ", ".join(timing(k, t[k]) for k in keys if t[k] is not None)  # type: ignore[arg-type]
+    return ", ".join(timing(k, v) for k in keys if (v := t[k]) is not None)

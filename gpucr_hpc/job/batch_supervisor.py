@@ -31,13 +31,14 @@ from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import batch_restore, coordinator, generations
 from gpucr_hpc.slurm import commands as slurm
+from gpucr_hpc.slurm.signals import TASK_SIGNALS
 from gpucr_hpc.slurm.site import load_site
 
 # Ours only: read here, never passed to the script (a gpucr-hpc command in it
 # must not think it is the supervisor).
 OWN_ENV = ("GPUCR_BATCH_SUPERVISE", "GPUCR_RESTORE_BATCH", "GPUCR_BATCH_SCRIPT",
            "GPUCR_BATCH_ARGV", "GPUCR_CHECKPOINT_SIGNAL", "GPUCR_CHECKPOINT_LEAD")
-FORWARDED = slurm.TASK_SIGNALS
+FORWARDED = TASK_SIGNALS
 
 
 def say(msg: str) -> None:

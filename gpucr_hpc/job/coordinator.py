@@ -29,7 +29,7 @@ AGENT_TIMEOUT_S = 600
 def _job_for_action(jobid: str, settled: bool = False) -> slurm.Job:
     job = slurm.show_job(jobid)
     slurm.check_access(job)
-    return slurm.settled_job(jobid) if settled and job.settling else job
+    return slurm.settled(job) if settled else job
 
 
 def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, list[dict], str]:

@@ -20,6 +20,7 @@ from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job.batch_restore import give_up, log, open_log, rank_back, restore_unit
 from gpucr_hpc.job.batch_restore import say as kept_say
 from gpucr_hpc.slurm import commands as slurm
+from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS
 from gpucr_hpc.slurm.site import load_site
 from gpucr_hpc.store import manifest as mf
 
@@ -56,11 +57,11 @@ class StepSignals:
 
     def __init__(self):
         self.ended = False
-        for sig in slurm.TASK_SIGNALS:  # a handler, not SIG_IGN, which CRIU's processes would inherit
+        for sig in TASK_SIGNALS:  # a handler, not SIG_IGN, which CRIU's processes would inherit
             signal.signal(sig, self._note)
 
     def _note(self, signum, _frame):
-        self.ended = self.ended or signum in slurm.ENDING_SIGNALS
+        self.ended = self.ended or signum in ENDING_SIGNALS
 
 
 def superseded(jobid: str) -> str | None:

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, field
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS  # noqa: F401 - part of this module's interface
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -95,17 +94,17 @@ def hostnames(nodelist: str) -> list[str]:
     return run("scontrol", "show", "hostnames", nodelist).stdout.split()
 
 
-def settled_job(jobid: str, wait_s: float = SETTLE_S) -> Job:
-    """The job once it has stopped moving between states (see SETTLING_STATES)."""
+def settled(job: Job, wait_s: float = SETTLE_S) -> Job:
+    """`job` once it has stopped moving between states (see SETTLING_STATES): asked
+    again while it moves."""
     deadline = time.monotonic() + wait_s
-    job = show_job(jobid)
     while job.settling:
         if time.monotonic() > deadline:
-            raise GpucrError(f"job {jobid} is still {job.state} after {wait_s:.0f} s",
-                             f"try again once `squeue -j {jobid}` shows it pending or gone "
+            raise GpucrError(f"job {job.id} is still {job.state} after {wait_s:.0f} s",
+                             f"try again once `squeue -j {job.id}` shows it pending or gone "
                              "(a slow epilog or an unkillable process keeps it there)")
         time.sleep(0.5)
-        job = show_job(jobid)
+        job = show_job(job.id)
     return job
 
 
