@@ -70,6 +70,45 @@ class VramSampler:
         self.proc.wait()
 
 
+class RegistryWatch:
+    """Every change of the job's task records (tasks/<step>.<rank> in each node's run
+    dir), every 20 ms, with the time and the recorded process's command line: which
+    process the next checkpoint will find where."""
+
+    def __init__(self, cluster, jobid: str):
+        self.root, self.jobid, self.t0 = Path(cluster.state, "run"), jobid, time.monotonic()
+        self.changes: list[dict] = []
+        self.done = threading.Event()
+        threading.Thread(target=self._poll, daemon=True).start()
+
+    def _poll(self):
+        seen: dict[str, str] = {}
+        while not self.done.wait(0.02):
+            now: dict[str, str] = {}
+            for f in self.root.glob(f"*/{self.jobid}/tasks/*"):
+                try:
+                    now[str(f.relative_to(self.root))] = f.read_text()
+                except OSError:
+                    continue
+            for name in seen.keys() | now.keys():
+                if seen.get(name) != now.get(name):
+                    self.changes.append({"t": round(time.monotonic() - self.t0, 3), "record": name,
+                                         "text": now.get(name), "cmdline": self._cmdline(now.get(name))})
+            seen = now
+
+    @staticmethod
+    def _cmdline(text: str | None) -> str | None:
+        pid = dict(ln.split("=", 1) for ln in (text or "").splitlines() if "=" in ln).get("pid")
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+        except (OSError, TypeError):
+            return None
+
+    def stop(self) -> list[dict]:
+        self.done.set()
+        return self.changes
+
+
 def lines(path: Path) -> list[str]:
     text = path.read_text(errors="replace") if path.exists() else ""
     return [ln for ln in text.splitlines() if ln.startswith(("step ", "checksum "))]
@@ -319,6 +358,7 @@ def test_gpu_job_through_three_preemptions_bit_identical(slurm_cluster, workdir,
     restored again, three times; every step once and the output bit-identical."""
     jobid, train_out, job_out = submit(slurm_cluster, workdir)
     figures: dict = {"job": jobid, "cycles": []}
+    registry = RegistryWatch(slurm_cluster, jobid)
     try:
         slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
         wait_for(lambda: steps(train_out) >= AT, timeout=180, what=f"step {AT}")
@@ -328,10 +368,10 @@ def test_gpu_job_through_three_preemptions_bit_identical(slurm_cluster, workdir,
             pre = json.loads(gpucr(slurm_cluster, "preempt", jobid, "--json").stdout)
             row = {"cycle": cycle, "at_step": at, "preempt_cli_s": round(time.monotonic() - t0, 2),
                    **preempt_figures(pre)}
-            wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(cycle)
+            wait_for(lambda c=cycle: slurm_cluster.job(jobid).get("Restarts") == str(c)
                      and slurm_cluster.job(jobid).get("JobState") == "RUNNING",
                      timeout=180, what=f"restart {cycle}", detail=lambda: restore_log(slurm_cluster, jobid))
-            wait_for(lambda: steps(train_out) > at + 5, timeout=180, what=f"training after restore {cycle}",
+            wait_for(lambda a=at: steps(train_out) > a + 5, timeout=180, what=f"training after restore {cycle}",
                      detail=lambda: restore_log(slurm_cluster, jobid))
             row["training_again_after_s"] = round(time.monotonic() - t0, 2)
             t1 = time.monotonic()
@@ -341,6 +381,7 @@ def test_gpu_job_through_three_preemptions_bit_identical(slurm_cluster, workdir,
             figures["cycles"].append(row)
         info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
     finally:
+        figures["task_registry"] = registry.stop()
         figures["restore_log"] = restore_log(slurm_cluster, jobid).splitlines()[-12:]
         record("three_preemptions", figures, reference)
     got = lines(train_out)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,12 +35,8 @@ from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
 from gpucr_hpc.job import generations
 from gpucr_hpc.job.units import Unit, foreign_connections, local_units
 from gpucr_hpc.process import image as process_image
-from gpucr_hpc.slurm.site import load_site
+from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import manifest as mf
-
-
-def node_name() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def save_output(path: str, size: int, dest: Path) -> None:

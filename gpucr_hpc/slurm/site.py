@@ -44,9 +44,16 @@ class Site:
         return Path(self.imageroot) / check_job_id(str(jobid))  # never "..", never "14/../15"
 
 
+def node_name() -> str:
+    """This node's name as Slurm knows it (the plugin's %n), else the short host name.
+
+    Several slurmd on one machine share its host name: only Slurm's name tells them apart."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
 def expand(value: str, node: str | None = None) -> str:
     full = socket.gethostname()
-    short = node or full.split(".")[0]
+    short = node or node_name()
     out, i = [], 0
     while i < len(value):
         if value[i] == "%" and i + 1 < len(value):
