@@ -148,6 +148,20 @@ static void restore_now(void)
     jb_free(&out);
 }
 
+/* Whether a SIGCONT came since gen0. The kernel continues the process when
+ * SIGCONT is sent, but our handler runs only once some thread takes it: until
+ * then it is pending, and a yield that ends meanwhile must not stop again
+ * (nothing would continue it). */
+static int resumed_since(sig_atomic_t gen0)
+{
+    sigset_t pending;
+    if (cont_gen != gen0)
+        return 1;
+    if (sigpending(&pending) != 0 || !sigismember(&pending, SIGCONT))
+        return cont_gen != gen0; /* taken between the two looks */
+    return 1;
+}
+
 static void do_yield(void)
 {
     if (yielded) { /* a second SIGTSTP while still yielded: just stop */
@@ -167,7 +181,7 @@ static void do_yield(void)
     int done = gpucr_cmd_checkpoint(quiesce, &out);
     pthread_mutex_unlock(&gpucr_cmd_mu);
     double took = gpucr_now() - t0;
-    int resumed = cont_gen != gen0;
+    int resumed = resumed_since(gen0);
     if (done == GPUCR_DONE) {
         yielded = 1;
         if (resumed)

@@ -371,7 +371,11 @@ def test_gpu_job_through_three_preemptions_bit_identical(slurm_cluster, workdir,
             wait_for(lambda c=cycle: slurm_cluster.job(jobid).get("Restarts") == str(c)
                      and slurm_cluster.job(jobid).get("JobState") == "RUNNING",
                      timeout=180, what=f"restart {cycle}", detail=lambda: restore_log(slurm_cluster, jobid))
-            wait_for(lambda a=at: steps(train_out) > a + 5, timeout=180, what=f"training after restore {cycle}",
+            # The output is rewound to the dump, which came steps after `at`: count from the restore.
+            wait_for(lambda c=cycle: restore_log(slurm_cluster, jobid).count("tree restored") >= c,
+                     timeout=180, what=f"restore {cycle}", detail=lambda: restore_log(slurm_cluster, jobid))
+            back = steps(train_out)
+            wait_for(lambda b=back: steps(train_out) > b + 5, timeout=180, what=f"training after restore {cycle}",
                      detail=lambda: restore_log(slurm_cluster, jobid))
             row["training_again_after_s"] = round(time.monotonic() - t0, 2)
             t1 = time.monotonic()

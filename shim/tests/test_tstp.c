@@ -187,6 +187,27 @@ int main(void)
     CHECK(strstr(err, "resumed before it ended"));
     CHECK(strchr(err, '\n') == err + strlen(err) - 1); /* one line */
     finish(&c);
+    /* The yield ends the moment SIGCONT continues the process, before any
+     * thread has run our SIGCONT handler: it must not stop again. A race, so
+     * twenty times (before the fix, 3 runs in 5 of this test failed it). */
+    setenv("GPUCR_STUB_CKPT_MS", "200", 1);
+    for (int rep = 0; rep < 20; rep++) {
+        log[0] = err[0] = 0;
+        c = spawn(0);
+        kill(c.pid, SIGTSTP);
+        for (int k = 0; k < 500 && !log[0]; k++)
+            slurp(c.log, log, sizeof log, 0.01);
+        kill(c.pid, SIGSTOP);
+        wait_state(c.pid, 1, 5);
+        usleep(300000); /* the checkpoint's own time passes while stopped */
+        kill(c.pid, SIGCONT);
+        for (int k = 0; k < 300 && strcmp(log, "start\ncheckpoint\nrestore\n"); k++)
+            slurp(c.log, log, sizeof log, 0.01);
+        CHECK(!strcmp(log, "start\ncheckpoint\nrestore\n"));
+        finish(&c);
+    }
+    PASS("tstp: a yield that ends as SIGCONT arrives restores and runs on");
+    setenv("GPUCR_STUB_CKPT_MS", "400", 1);
     /* slow but not overtaken: the line, and the process stops itself */
     log[0] = err[0] = 0;
     c = spawn(0);
