@@ -2,7 +2,7 @@
  *
  * checkpoint: refuse what cannot be checkpointed -> close the gate (bounded) ->
  *   synchronize every known context (bounded) -> trim memory pools -> copy every
- *   tracked physical allocation into the host arena (datapath.c) -> unmap and release it,
+ *   tracked physical allocation into the host arena (copy_engine.c) -> unmap and release it,
  *   keeping the virtual addresses. The gate stays closed: the agent now calls the
  *   driver checkpoint API for what is left (contexts, modules, pool memory).
  * restore (after the agent's driver restore + unlock): re-create each physical
@@ -62,13 +62,14 @@ static const char *cu_name(CUresult r)
     return buf;
 }
 
-/* how the data moved: through the copy helper (helped), or else by this process,
- * then why not through a configured helper, and the knobs of datapath.c */
-static void jb_data_path(struct jbuf *out, int helped, size_t n, const struct gpucr_copy_stats *cs)
+/* how the data moved: the engine that moved it (copy_engine.c), why not the
+ * chosen one where that failed, and the knobs of datapath.c */
+static void jb_data_path(struct jbuf *out, const struct gpucr_xfer *x)
 {
-    jb_str(out, "data_path", helped ? "helper" : cs->bounce ? "bounce" : "direct");
-    if (!helped && n && gpucr_helper_enabled())
-        jb_str(out, "helper_fallback", gpucr_helper_error());
+    const struct gpucr_copy_stats *cs = &x->cs;
+    jb_str(out, "data_path", x->by->name);
+    if (x->fallback)
+        jb_str(out, "helper_fallback", x->fallback);
     jb_i64(out, "copy_threads", cs->threads);
     if (cs->nsteps) {
         jb_key_obj(out, "helper_steps");
@@ -255,14 +256,6 @@ static void collect(struct gpucr_phys *p, void *arg)
     w->p[w->n++] = p;
 }
 
-static void pick_source(struct gpucr_map *m, void *arg)
-{
-    (void)arg;
-    struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
-    if (p && !p->copy_va && m->offset == 0 && m->size >= p->size)
-        p->copy_va = m->va;
-}
-
 static void unmap_dropped(struct gpucr_map *m, void *arg)
 {
     CUresult *rc = arg;
@@ -272,64 +265,6 @@ static void unmap_dropped(struct gpucr_map *m, void *arg)
         if (r != CUDA_SUCCESS && *rc == CUDA_SUCCESS)
             *rc = r;
     }
-}
-
-static void remap(struct gpucr_map *m, void *arg)
-{
-    CUresult *rc = arg;
-    struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
-    if (!p || p->dropped != PHYS_REFILLING || *rc != CUDA_SUCCESS)
-        return;
-    CUresult r = gpucr_drv.cuMemMap(m->va, m->size, m->offset, p->rhandle, 0);
-    if (r == CUDA_SUCCESS && m->naccess)
-        r = gpucr_drv.cuMemSetAccess(m->va, m->size, (const CUmemAccessDesc *)m->access, (size_t)m->naccess);
-    if (r != CUDA_SUCCESS)
-        *rc = r;
-}
-
-static void undo_remap(struct gpucr_map *m, void *arg)
-{
-    (void)arg;
-    struct gpucr_phys *p = gpucr_phys_get(m->vhandle);
-    if (p && p->dropped == PHYS_REFILLING)
-        gpucr_drv.cuMemUnmap(m->va, m->size); /* fails harmlessly where it was not mapped */
-}
-
-/* A temporary mapping for a physical allocation that is not mapped whole. */
-static CUresult scratch_map(struct gpucr_phys *p)
-{
-    CUdeviceptr va = 0;
-    CUresult r = gpucr_drv.cuMemAddressReserve(&va, p->size, 0, 0, 0);
-    if (r != CUDA_SUCCESS)
-        return r;
-    r = gpucr_drv.cuMemMap(va, p->size, 0, p->rhandle, 0);
-    if (r == CUDA_SUCCESS) {
-        CUmemAccessDesc acc;
-        memset(&acc, 0, sizeof acc);
-        acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        acc.location.id = p->device;
-        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        r = gpucr_drv.cuMemSetAccess(va, p->size, &acc, 1);
-        if (r != CUDA_SUCCESS)
-            gpucr_drv.cuMemUnmap(va, p->size);
-    }
-    if (r != CUDA_SUCCESS) {
-        gpucr_drv.cuMemAddressFree(va, p->size);
-        return r;
-    }
-    p->copy_va = va;
-    p->scratch = 1;
-    return CUDA_SUCCESS;
-}
-
-static void scratch_unmap(struct gpucr_phys *p)
-{
-    if (!p->scratch)
-        return;
-    gpucr_drv.cuMemUnmap(p->copy_va, p->size);
-    gpucr_drv.cuMemAddressFree(p->copy_va, p->size);
-    p->scratch = 0;
-    p->copy_va = 0;
 }
 
 /* The arena placements of a checkpointed process, one object per allocation. */
@@ -505,7 +440,7 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     struct work w = {0, 0, 0};
     gpucr_table_lock();
     gpucr_phys_foreach(collect, &w);
-    gpucr_map_foreach(pick_source, NULL);
+    gpucr_pick_sources();
     size_t *sizes = calloc(w.n ? w.n : 1, sizeof *sizes);
     void **hosts = calloc(w.n ? w.n : 1, sizeof *hosts);
     uint64_t bytes = 0;
@@ -523,17 +458,15 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     }
     for (size_t i = 0; !fail && i < w.n; i++)
         w.p[i]->host = hosts[i];
-    struct gpucr_copy_stats cs = {0};
+    struct gpucr_xfer x = {0};
     double tc = gpucr_now();
-    int helped = !fail && w.n && gpucr_helper_enabled() && gpucr_helper_out(w.p, w.n, &cs) == CUDA_SUCCESS;
-    for (size_t i = 0; !fail && !helped && i < w.n; i++)
-        if (!w.p[i]->copy_va && (rc = scratch_map(w.p[i])) != CUDA_SUCCESS)
-            fail = "mapping an allocation for copying failed";
-    if (!fail && !helped && (rc = gpucr_copy(w.p, w.n, 1, &cs)) != CUDA_SUCCESS)
-        fail = "copying GPU memory to the host failed";
+    if (!fail) {
+        fail = gpucr_engine_out(w.p, w.n, &x);
+        rc = x.rc;
+    }
     if (fail) {
         for (size_t i = 0; i < w.n; i++)
-            scratch_unmap(w.p[i]);
+            gpucr_scratch_unmap(w.p[i]);
         gpucr_phys_foreach(clear_copy_state, NULL);
         gpucr_arena_reset();
         gpucr_table_unlock();
@@ -551,7 +484,7 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     gpucr_map_foreach(unmap_dropped, &rc);
     for (size_t i = 0; i < w.n; i++) {
         struct gpucr_phys *p = w.p[i];
-        scratch_unmap(p);
+        gpucr_scratch_unmap(p);
         if (p->user_refs > 0 || (p->flags & PHYS_SHIM_OWNED)) {
             CUresult r = gpucr_drv.cuMemRelease(p->rhandle);
             if (r != CUDA_SUCCESS && rc == CUDA_SUCCESS)
@@ -575,13 +508,13 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     jb_f64(out, "data_s", t2 - t1);
     /* data_s = prepare (placement, one-time growth) + copy + release */
     jb_f64(out, "prepare_s", tc - t1);
-    jb_f64(out, "copy_s", cs.seconds);
+    jb_f64(out, "copy_s", x.cs.seconds);
     jb_f64(out, "release_s", t2 - tr);
-    jb_data_path(out, helped, n, &cs);
+    jb_data_path(out, &x);
     jb_bool(out, "arena_pinned", gpucr_pin_arena); /* then arena_detach needs CUDA */
     jb_u64(out, "bytes", bytes);
     jb_u64(out, "allocations", n);
-    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() - reg0 + cs.setup_s);
+    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() - reg0 + x.cs.setup_s);
     jb_u64(out, "driver_path_bytes", gpucr_set_sum(SET_ASYNC));
     if (rc != CUDA_SUCCESS)
         jb_str(out, "warning", cu_name(rc));
@@ -591,72 +524,6 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     return GPUCR_DONE;
 }
 
-/* Undoes a restore attempt: what it mapped and created goes, the data stays
- * in the arena for the next one. */
-static void undo_restore(struct work *w)
-{
-    for (size_t i = 0; i < w->n; i++)
-        scratch_unmap(w->p[i]);
-    gpucr_map_foreach(undo_remap, NULL);
-    for (size_t i = 0; i < w->n; i++)
-        if (w->p[i]->dropped == PHYS_REFILLING) {
-            gpucr_drv.cuMemRelease(w->p[i]->rhandle);
-            w->p[i]->dropped = PHYS_DROPPED;
-            if (w->p[i]->flags & PHYS_HELPER_HELD)
-                gpucr_helper_forget(w->p[i]); /* the helper's handle of it too */
-        }
-}
-
-/* Physical memory back at the same addresses, filled from the arena: made and
- * filled by the copy helper (helper 1; the copies run while this process
- * imports and maps), or made and filled here. NULL, or why not (then undone;
- * *rc the CUDA error). *tc: when the copying began. */
-static const char *bring_back(struct work *w, int helper, struct gpucr_copy_stats *cs, CUresult *rc, double *tc)
-{
-    const char *fail = NULL;
-    *rc = CUDA_SUCCESS;
-    *tc = gpucr_now();
-    if (helper && gpucr_helper_in(w->p, w->n, cs) != CUDA_SUCCESS) {
-        undo_restore(w); /* what it imported before it failed */
-        return "the copy helper did not make the memory";
-    }
-    for (size_t i = 0; i < w->n && !fail && !helper; i++) {
-        struct gpucr_phys *p = w->p[i];
-        if (p->dropped == PHYS_RESIDENT)
-            continue;
-        CUmemGenericAllocationHandle h;
-        if ((*rc = gpucr_use_ctx(p->ctx)) != CUDA_SUCCESS ||
-            (*rc = gpucr_drv.cuMemCreate(&h, p->size, (const CUmemAllocationProp *)p->prop, p->create_flags)) != CUDA_SUCCESS)
-            fail = *rc == CUDA_ERROR_OUT_OF_MEMORY ? "not enough free GPU memory to restore" : "re-creating GPU memory failed";
-        else {
-            p->rhandle = h;
-            p->dropped = PHYS_REFILLING; /* re-created, not yet filled */
-        }
-    }
-    if (!fail) {
-        gpucr_map_foreach(remap, rc);
-        if (*rc != CUDA_SUCCESS)
-            fail = "mapping GPU memory at its old address failed";
-    }
-    if (helper) {
-        if (gpucr_helper_in_wait(w->p, w->n, !fail, cs) != CUDA_SUCCESS && !fail)
-            fail = "the copy helper's copies failed";
-    } else if (!fail) {
-        for (size_t i = 0; i < w->n; i++)
-            w->p[i]->copy_va = 0;
-        gpucr_map_foreach(pick_source, NULL);
-        for (size_t i = 0; i < w->n && !fail; i++)
-            if (!w->p[i]->copy_va && (*rc = scratch_map(w->p[i])) != CUDA_SUCCESS)
-                fail = "mapping an allocation for copying failed";
-        *tc = gpucr_now();
-        if (!fail && (*rc = gpucr_copy(w->p, w->n, 0, cs)) != CUDA_SUCCESS)
-            fail = "copying data back to the GPU failed";
-    }
-    if (fail)
-        undo_restore(w);
-    return fail;
-}
-
 int gpucr_cmd_restore(struct jbuf *out)
 {
     char why[256];
@@ -664,35 +531,29 @@ int gpucr_cmd_restore(struct jbuf *out)
         return fail(out, GPUCR_NOT_CHECKPOINTED, "not_checkpointed", "not checkpointed: nothing to restore");
     if (gpucr_arena_detached())
         return fail(out, GPUCR_FAILED, "failed", "the arena is detached (a migration is under way): attach and refill it first");
-    double t0 = gpucr_now(), tc;
+    double t0 = gpucr_now();
     if (!state_cuda) {
         state = ST_RUNNING;
         ok_with(out, "cuda", 0);
         return GPUCR_DONE;
     }
     struct work w = {0, 0, 0};
-    CUresult rc = CUDA_SUCCESS;
     gpucr_table_lock();
     gpucr_phys_foreach(collect, &w);
-    /* any failure of the helper path falls back to this process's own path */
-    struct gpucr_copy_stats cs = {0};
-    int helped = w.n && gpucr_helper_enabled() && gpucr_use_ctx(w.p[0]->ctx) == CUDA_SUCCESS &&
-                 bring_back(&w, 1, &cs, &rc, &tc) == NULL;
-    if (!helped)
-        cs = (struct gpucr_copy_stats){0};
-    const char *fail = helped ? NULL : bring_back(&w, 0, &cs, &rc, &tc);
+    struct gpucr_xfer x = {0};
+    const char *fail = gpucr_engine_in(w.p, w.n, &x);
     if (fail) {
         /* Stay checkpointed: the data is still in the arena; a retry may work
          * once memory is free. */
         gpucr_table_unlock();
         free(w.p);
-        snprintf(why, sizeof why, "%s (%s); the process stays checkpointed, retry restore when the GPU has room", fail, cu_name(rc));
+        snprintf(why, sizeof why, "%s (%s); the process stays checkpointed, retry restore when the GPU has room", fail, cu_name(x.rc));
         err(out, why);
         return GPUCR_FAILED;
     }
     for (size_t i = 0; i < w.n; i++) {
         struct gpucr_phys *p = w.p[i];
-        scratch_unmap(p);
+        gpucr_scratch_unmap(p);
         if (p->user_refs == 0 && !(p->flags & PHYS_SHIM_OWNED))
             gpucr_drv.cuMemRelease(p->rhandle); /* the application had released it */
         p->dropped = PHYS_RESIDENT;
@@ -711,10 +572,10 @@ int gpucr_cmd_restore(struct jbuf *out)
     jb_f64(out, "data_s", t1 - t0);
     /* data_s = re-create + map physical memory, then copy; on the helper path
      * the copies run beside the import and mapping, from tc ~ t0 */
-    jb_f64(out, "create_s", tc - t0);
-    jb_f64(out, "copy_s", cs.seconds);
-    jb_data_path(out, helped, w.n, &cs);
-    jb_f64(out, "arena_setup_s", cs.setup_s);
+    jb_f64(out, "create_s", x.tc - t0);
+    jb_f64(out, "copy_s", x.cs.seconds);
+    jb_data_path(out, &x);
+    jb_f64(out, "arena_setup_s", x.cs.setup_s);
     jb_u64(out, "bytes", last_bytes);
     jb_end(out);
     return GPUCR_DONE;
@@ -724,13 +585,14 @@ void gpucr_cmd_prefill(struct jbuf *out)
 {
     if (state != ST_CHECKPOINTED || !state_cuda)
         return err(out, "not checkpointed: nothing to prefill");
-    if (!gpucr_helper_enabled() || gpucr_arena_detached()) {
+    const struct gpucr_engine *e = gpucr_engine(); /* only the helper starts an in ahead */
+    if (!e->prefill || gpucr_arena_detached()) {
         return ok_with(out, "prefill", 0);
     }
     struct work w = {0, 0, 0};
     gpucr_table_lock();
     gpucr_phys_foreach(collect, &w);
-    int started = w.n && gpucr_helper_prefill(w.p, w.n) == 0;
+    int started = w.n && e->prefill(w.p, w.n) == 0;
     gpucr_table_unlock();
     free(w.p);
     ok_with(out, "prefill", started);

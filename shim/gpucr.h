@@ -61,7 +61,8 @@ enum {
     PHYS_HELPER_HELD = 8, /* made by the copy helper, which keeps a handle to it (helper.c) */
 };
 
-/* Where an allocation's memory is (gpucr_phys.dropped); checkpoint.c moves it
+/* Where an allocation's memory is (gpucr_phys.dropped); checkpoint.c and its copy
+ * engine (copy_engine.c) move it
  * RESIDENT -> DROPPED (checkpoint) -> REFILLING -> RESIDENT (restore). */
 enum gpucr_phys_state {
     PHYS_RESIDENT = 0,  /* its physical memory is on the GPU */

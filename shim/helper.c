@@ -21,7 +21,7 @@
  * ("forget"), and it lets go of everything when this process goes away. A "prefill" sent while the driver
  * restores this process lets the helper do that beside the driver restore.
  * Either way the data is in the arena whatever the helper does, so any helper
- * failure falls back to the bounce path (checkpoint.c), never loses data.
+ * failure falls back to the process's own path (copy_engine.c), never loses data.
  *
  * Messages are one JSON object per SOCK_SEQPACKET datagram, descriptors as
  * SCM_RIGHTS; blobs go in batches of BATCH. */

@@ -129,5 +129,37 @@ const char *gpucr_helper_path(void);  /* its socket */
 int gpucr_helper_segments(void);      /* arena segments it has mapped, as they are */
 int gpucr_helper_connected(void);     /* a connection is open (none after a migration) */
 void gpucr_checkpoint_at_exit(void);
+/* mapping.c: where the copies reach an allocation (p->copy_va), and the old
+ * addresses mapped again at a restore; callers hold the table lock */
+void gpucr_pick_sources(void); /* copy_va: an application mapping of the whole allocation */
+CUresult gpucr_scratch_map(struct gpucr_phys *p); /* copy_va: one of our own */
+void gpucr_scratch_unmap(struct gpucr_phys *p);
+void gpucr_remap_refilling(CUresult *rc); /* PHYS_REFILLING memory at its old addresses */
+void gpucr_unmap_refilling(void);
+/* copy_engine.c: how allocation contents move between the GPU and the arena */
+struct gpucr_engine;
+struct gpucr_xfer { /* one out or in */
+    struct gpucr_copy_stats cs;
+    CUresult rc;                   /* the CUDA error of a failure, or CUDA_SUCCESS */
+    double tc;                     /* in: when the copying began */
+    const struct gpucr_engine *by; /* the engine that ran last (the one that moved the data) */
+    const char *fallback;          /* why the chosen engine did not (the reply's helper_fallback), or NULL */
+};
+struct gpucr_engine {
+    const char *name; /* "helper", "direct" or "bounce": the replies' data_path */
+    /* every allocation's contents into p[i]->host; NULL, or why not */
+    const char *(*out)(struct gpucr_phys *const *p, size_t n, struct gpucr_xfer *x);
+    /* every allocation re-made at its old addresses and filled from p[i]->host;
+     * NULL, or why not (then undone: the data stays in the arena) */
+    const char *(*in)(struct gpucr_phys *const *p, size_t n, struct gpucr_xfer *x);
+    /* or NULL: starts an in ahead, while the driver restores; no CUDA call; 0 once started */
+    int (*prefill)(struct gpucr_phys *const *p, size_t n);
+    const char *(*error)(void); /* or NULL: why its last use failed, in its own words */
+};
+void gpucr_engine_choose(void); /* at start-up, once */
+const struct gpucr_engine *gpucr_engine(void);
+/* out or in by the chosen engine, by the process's own where it fails: NULL, or why not */
+const char *gpucr_engine_out(struct gpucr_phys *const *p, size_t n, struct gpucr_xfer *x);
+const char *gpucr_engine_in(struct gpucr_phys *const *p, size_t n, struct gpucr_xfer *x);
 
 #endif

@@ -37,6 +37,7 @@ __attribute__((constructor)) static void gpucr_init(void)
         gpucr_arena_configure(NULL);
     }
     gpucr_helper_enabled(); /* before any segment exists: they keep their descriptors for it */
+    gpucr_engine_choose(); /* after the arena pinning and the helper are settled */
     gpucr_arena_ready_init(getenv("GPUCR_ARENA_PREALLOC")); /* a size, or auto */
     pthread_atfork(NULL, NULL, after_fork_child);
     if (enabled("GPUCR_CONTROL", 1))
