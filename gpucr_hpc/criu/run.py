@@ -371,6 +371,11 @@ def enter_pidns_of(pid: int) -> tuple[list[str], int]:
     return ["nsenter", f"--target={pid}", "--pid", "--mount", "--"], inside[-1]
 
 
+def pid_in_image(pid: int) -> int:
+    """`pid` as an image of its tree records it: the PID the tree knows (see enter_pidns_of)."""
+    return enter_pidns_of(pid)[1]
+
+
 def owner_uid(pid: int) -> int:
     return os.stat(f"/proc/{pid}").st_uid
 

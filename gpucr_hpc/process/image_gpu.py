@@ -143,7 +143,10 @@ class GpuCheckpoint:
         self.timings["released_s"] = self.released_at - t0
 
     def _save(self, tg) -> dict:
-        rec = {"pid": tg.pid, "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
+        # pid: the process now (a tree left running goes on with it); image_pid: as CRIU
+        # records it, what a restore maps back (they differ for a tree restored before).
+        rec = {"pid": tg.pid, "image_pid": criu_mod.pid_in_image(tg.pid),
+               "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
                "socket": str(ShimClient(tg.pid, self.run_dir).path) if tg.shim else None}
         reply = tg.checkpointed if tg.shim else NO_REPLY
         if reply.data_path:  # how the data left the GPU (helper, bounce, direct)
@@ -257,6 +260,11 @@ def plan_restore(m: dict, force: list[str] | None = None, here: list | None = No
     return p
 
 
+def image_pid(rec: dict) -> int:
+    """A GPU process record's PID in the image's process tree (images before image_pid: its pid)."""
+    return int(rec.get("image_pid", rec["pid"]))
+
+
 def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> list[dict]:
     """For the report: the GPUs each restored CUDA process runs on, by CUDA ordinal."""
     out = []
@@ -268,7 +276,7 @@ def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> 
             new = plan.targets.get(old) if plan else None
             gpus.append({"ordinal": ordinal, "image_uuid": old, "uuid": new.uuid if new else old,
                          "index": new.index if new else None, "moved": bool(new and new.uuid != old)})
-        out.append({"pid": pid_map.get(r["pid"]), "image_pid": r["pid"], "gpus": gpus})
+        out.append({"pid": pid_map.get(image_pid(r)), "image_pid": image_pid(r), "gpus": gpus})
     return out
 
 
@@ -286,9 +294,9 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     t0 = time.monotonic()
     driver = in_place._driver() if cuda else None
     for r in recs:
-        host = pid_map.get(r["pid"])
+        host = pid_map.get(image_pid(r))
         if host is None:
-            raise GpucrError(f"process {r['pid']} of the image was not restored", "see the CRIU restore log")
+            raise GpucrError(f"process {image_pid(r)} of the image was not restored", "see the CRIU restore log")
         t = in_place.Target(host, shim=r["shim"], cuda=r["cuda"], shim_state="checkpointed" if r["shim"] else "")
         t.driver_state = driver.state(host, cuda=True) if driver and r["cuda"] else None
         if plan and r["cuda"]:
