@@ -248,6 +248,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GPUCR_STUB_HELD", "flag", None,
        "Set: the stub checkpoint of the shim's C unit tests answers that another checkpoint holds the process.",
        "test", set_by=("test",)),
+    _s("GPUCR_CRIU_SUITE", "text", "sid",
+       "The Debian suite `scripts/install-deps` takes CRIU (4.2 or newer) and its runtime from.", "scripts"),
     _s("GPUCR_TESTCLUSTER_DIR", "path", "/tmp/gpucr-testcluster", "Where the test cluster lives.", "scripts",
        set_by=("test", "scripts")),
     _s("GPUCR_TESTCLUSTER_NODES", "int", "3", "How many slurmd the test cluster runs.", "scripts",
