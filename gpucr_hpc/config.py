@@ -151,18 +151,18 @@ SETTINGS: tuple[Setting, ...] = (
        "How a copy thread waits for its GPU copy: `block` sleeps until it is done; `spin` polls.",
        "shim", choices=("block", "spin")),
     _s("GPUCR_YIELD_ON_TSTP", "flag", "1",
-       "`0`: GPU memory is not handed back on SIGTSTP ([Suspend](user.md#suspend)).",
+       "`0`: GPU memory is not yielded on SIGTSTP ([Suspend](user.md#suspend)).",
        "shim"),
     _s("GPUCR_TSTP_GRACE_MS", "int", "2000",
-       "After how many milliseconds handing GPU memory back on SIGTSTP is reported as late "
+       "After how many milliseconds yielding GPU memory on SIGTSTP is reported as late "
        "(Slurm 22.05's gap between SIGTSTP and SIGSTOP).",
        "shim"),
     _s("GPUCR_QUIESCE_TIMEOUT_MS", "int", "10000",
-       "How many milliseconds a checkpoint asked without a timeout, or handing GPU memory back on SIGTSTP, "
+       "How many milliseconds a checkpoint asked without a timeout, or yielding GPU memory on SIGTSTP, "
        "waits for GPU work in flight.",
        "shim"),
     _s("GPUCR_VERBOSE", "flag", "0",
-       "The shim also reports GPU memory handed back and restored on suspend.",
+       "The shim also reports GPU memory yielded and restored on suspend.",
        "shim"),
     _s("GPUCR_DEBUG", "flag", "0",
        "The shim's diagnostics on stderr.",

@@ -8,7 +8,7 @@ restored_torch: a PyTorch decode loop (tests/shim_workloads/decode_torch.py) und
       not by the driver alone), then SIGTSTP as `scontrol suspend` sends it after
       `gpucr-hpc suspend`: the shim must not report a yield that failed;
     - `restore --pid`;
-    - a plain SIGTSTP yield (the shim's own): GPU memory handed back while stopped;
+    - a plain SIGTSTP yield (the shim's own): GPU memory yielded while stopped;
   and the output equals an uninterrupted run's.
 jax_*: a JAX loop (tests/shim_workloads/jax_loop.py) with XLA's preallocation or
   XLA_PYTHON_CLIENT_PREALLOCATE=false, checkpointed in place (`checkpoint --pid` /

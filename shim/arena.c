@@ -1,4 +1,4 @@
-/* The host arena: where GPU memory goes while the GPU memory is handed back.
+/* The host arena: where a process's GPU data goes while its GPU memory is yielded.
  *
  * Segments are files in a hugetlbfs mount (when the configured directory is one)
  * or in /dev/shm, mapped MAP_SHARED and pre-faulted by several threads (first

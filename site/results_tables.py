@@ -177,7 +177,7 @@ def job_gpu_slurm() -> str:
         ("image size", "image_bytes", gib),
         ("`gpucr-hpc preempt`, wall time", "preempt_cli_s", s),
         ("GPU data out of the GPU", "units.batch.gpu_data_s", s),
-        ("GPU memory handed back after", "units.batch.gpu_released_s", s),
+        ("GPU memory yielded after", "units.batch.gpu_released_s", s),
         ("GPU memory in use while requeued", "vram_min_mib_while_requeued", mib),
         ("running again after", "running_again_after_s", s),
         ("restore of the batch tree", "restore_s", s),
@@ -199,7 +199,7 @@ def migration() -> str:
     spec = [
         ("image size", lambda d: gib(get(d, "kill.checkpoint.bytes"))),
         ("`checkpoint --pid --to`, total", lambda d: s(get(d, "kill.checkpoint.timings.total_s"))),
-        ("&nbsp;&nbsp;GPU memory handed back after", lambda d: s(get(d, "kill.checkpoint.timings.gpu_released_s"))),
+        ("&nbsp;&nbsp;GPU memory yielded after", lambda d: s(get(d, "kill.checkpoint.timings.gpu_released_s"))),
         ("`restore --from`, total", lambda d: s(get(d, "kill.restore.timings.total_s"))),
         ("restored output bit-identical", lambda d: yes(get(d, "checks.kill_restored_bit_identical"))),
         ("GPU data (.h5) write rate / the file system's", lambda d: ratio2(d.get("h5_write_vs_fs_write"))),

@@ -3,7 +3,7 @@ gpucr_hpc/shim/copy_helper.py) under real GPU programs, driven by
 scripts/shim_gpu_verify.py --copy-helper, every check asserted: the helper moved
 the data both ways in every cycle, every other restore was prefilled beside the
 driver restore, the program's output is bit-identical to an uninterrupted run,
-the GPU memory was handed back and nothing leaked. And when the helper dies
+the GPU memory was yielded and nothing leaked. And when the helper dies
 between cycles, the next checkpoints fall back to the bounce path, say why, and
 lose nothing; when its copies back to the GPU fail, that restore falls back
 the same way. Skipped without a GPU."""

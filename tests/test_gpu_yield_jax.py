@@ -4,7 +4,7 @@ scripts/gpu_yield_jax_verify.py; every check it makes is asserted here.
 * A PyTorch decode loop restored from an image in a new PID namespace (as a Slurm
   restore does) yields like a fresh process: `checkpoint --pid` goes through its
   shim, the SIGTSTP that follows reports no failed yield, and a plain SIGTSTP
-  hands its GPU memory back; its output equals an uninterrupted run's.
+  yields its GPU memory; its output equals an uninterrupted run's.
 * A JAX loop, with XLA's preallocation and without, checkpointed in place and
   through an image, survives its restore and its output equals an uninterrupted run's.
 """

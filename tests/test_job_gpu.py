@@ -292,7 +292,7 @@ def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt", f
     record(name, figures, reference)
     assert figures["vram_min_mib_while_requeued"] is not None
     assert figures["vram_min_mib_while_requeued"] <= idle + 64, \
-        f"GPU memory not handed back while the job waited: {figures['vram_min_mib_while_requeued']} MiB"
+        f"GPU memory not yielded while the job waited: {figures['vram_min_mib_while_requeued']} MiB"
     return jobid, job_out
 
 

@@ -1,5 +1,5 @@
 """On a GPU machine: a plain suspend (SIGTSTP, as `scontrol suspend` sends it)
-makes the shim hand the process's GPU memory back and stop it; SIGCONT restores
+makes the shim yield the process's GPU memory and stop it; SIGCONT restores
 the memory and the program goes on with exact results.
 Program: tests/shim_workloads/cuda_malloc.cu under `gpucr-hpc run`. Skipped
 without a GPU. TSTP_GIB sets the ballast (default 4 GiB)."""

@@ -195,7 +195,7 @@ def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
 @click.argument("jobid", callback=job_dirs.job_id_argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def suspend(jobid, as_json):
-    """Hand a running --gpucr=on job's GPU memory back, then suspend it (scontrol suspend).
+    """Yield a running --gpucr=on job's GPU memory, then suspend it (scontrol suspend).
 
     Every GPU process of every rank is checkpointed in place first; if that
     fails anywhere, the job is left running with its GPU memory.
@@ -207,7 +207,7 @@ def suspend(jobid, as_json):
 @click.argument("jobid", callback=job_dirs.job_id_argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def resume(jobid, as_json):
-    """Resume a job suspended by `gpucr-hpc suspend`, and restore its GPU state in place."""
+    """Resume a job suspended by `gpucr-hpc suspend`, and reclaim its GPU memory in place."""
     print_in_place("resumed", jobid, coordinator.resume(jobid), as_json)
 
 

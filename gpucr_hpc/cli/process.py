@@ -100,7 +100,7 @@ def run(arena, arena_size, use_helper, run_dir, cmd):
 @process_image.checkpoint_options
 def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir, leave_running):
     """Checkpoint a Slurm job (JOBID: every rank on every node, the job keeps running),
-    a running process in place (--pid: its GPU memory is handed back), or a process
+    a running process in place (--pid: its GPU memory is yielded), or a process
     to a whole-process image (--pid PID --to DIR)."""
     if jobid is not None:
         if pid is not None:

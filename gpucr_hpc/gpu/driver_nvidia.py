@@ -1,7 +1,7 @@
 """The NVIDIA driver checkpoint API (cuda-python), applied to another process.
 
 `cuCheckpointProcessLock/Checkpoint/Restore/Unlock/GetState` act on a PID: after
-lock + checkpoint the process holds no GPU state (its VRAM is handed back), and
+lock + checkpoint the process holds no GPU state (its VRAM is yielded), and
 restore + unlock bring it back. Some cuda-bindings releases lack parts of it
 (FACTS.md): 13.0.0/13.0.1 have no cuCheckpointProcessRestore, 13.3.0 no
 CUcheckpointRestoreArgs. `NvidiaDriver()` checks for them and says so.

@@ -16,8 +16,8 @@ Each agent prints one JSON line (its node's report); rank 0 prints the job's
 result last, as `{"result": ...}`.
 
 `yield` and `reclaim` (for `gpucr-hpc suspend/resume JOBID`) checkpoint the
-GPU state of every unit in place (VRAM handed back, processes kept) and
-restore it; a yield that fails on any node is undone on every node.
+GPU state of every unit in place (VRAM yielded, processes kept) and
+reclaim it; a yield that fails on any node is undone on every node.
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def run_yield(args) -> int:
     rep = _in_place(job, "checkpoint")
     yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
     if not yes and rep["units"]:
-        rep["undone"] = _in_place(job, "restore")["ok"]  # the suspend is off: give the GPU back
+        rep["undone"] = _in_place(job, "restore")["ok"]  # the suspend is off: reclaim the GPU
     print(json.dumps({"node_report": rep}), flush=True)
     reports = comm.gather(rep, root=0)
     if comm.rank == 0:
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
     c = sub.add_parser("checkpoint")
     c.add_argument("--job-json", required=True)
     c.add_argument("--gen-dir", required=True)
-    c.add_argument("--stay-yielded", action="store_true", help="leave the GPU handed back (preempt)")
+    c.add_argument("--stay-yielded", action="store_true", help="leave the GPU memory yielded (preempt)")
     for name in ("yield", "reclaim"):
         sub.add_parser(name).add_argument("--job-json", required=True)
     r = sub.add_parser("resume-held")

@@ -103,7 +103,7 @@ def checkpoint(jobid: str) -> dict:
 
 def _checkpoint(jobid: str, job: slurm.Job, stay_yielded: bool = False) -> dict:
     """checkpoint, under the job's lock. stay_yielded (preempt): its GPU memory stays
-    handed back, for the requeue that follows."""
+    yielded, for the requeue that follows."""
     t0 = time.monotonic()
     site = load_site()
     gen_dir = generations.new_generation(site.job_image_dir(job.id), job.uid)
@@ -140,11 +140,11 @@ def _in_place(job: slurm.Job, action: str) -> dict:
 
 
 def suspend(jobid: str) -> dict:
-    """GPU state of every rank checkpointed in place (VRAM handed back), then scontrol suspend."""
+    """GPU state of every rank checkpointed in place (VRAM yielded), then scontrol suspend."""
     t0 = time.monotonic()
     require_plugin(load_site())
     job = _running_job(jobid, "suspended")
-    slurm.require_operator("suspend", jobid)  # before the GPU memory is handed back for nothing
+    slurm.require_operator("suspend", jobid)  # before the GPU memory is yielded for nothing
     with _locked(job):
         return _suspend(jobid, job, t0)
 
@@ -191,7 +191,7 @@ def _resume(jobid: str, job: slurm.Job, t0: float) -> dict:
 
 def preempt(jobid: str, lock_wait_s: float = 0.0) -> dict:
     """Checkpoint, then requeue: the job restarts from this checkpoint. Its GPU memory
-    is handed back at the checkpoint and stays so until the requeue ends the job; if
+    is yielded at the checkpoint and stays so until the requeue ends the job; if
     the requeue fails, the GPU state goes back and the job runs on.
     lock_wait_s: how long to wait for another command on the job to end (the
     automatic checkpoint waits; a user's command is refused at once)."""

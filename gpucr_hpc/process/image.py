@@ -137,7 +137,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
                   stay_yielded: bool = False, timeout_ms: int | None = None,
                   run_dir: Path | None = None) -> dict:
     """Image of the tree of `pid` in to_dir. leave_running: the tree runs on, its GPU
-    state brought back; with stay_yielded it runs on without it (VRAM stays handed back,
+    state brought back; with stay_yielded it runs on without it (its VRAM stays yielded,
     its GPU calls wait) until it is ended, or `image_gpu.resume_held` brings it back:
     a preemption frees the GPU now, not after the requeue. timeout_ms: how long the
     shims wait for GPU work in flight and the driver for its lock (default

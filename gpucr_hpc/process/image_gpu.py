@@ -3,7 +3,7 @@ the rest through the driver, the shim's arena out of CRIU's way.
 
 Checkpoint (`GpuCheckpoint`), on the shimmed and CUDA processes of the tree:
   1. data     the shims quiesce, copy their GPU memory into their host arenas and
-              hand the VRAM back (in_place.shim_checkpoint); `data_s`;
+              yield the VRAM (in_place.shim_checkpoint); `data_s`;
   2. control  driver lock + checkpoint of every CUDA process (contexts, modules,
               stream-ordered pools): no GPU state and no /dev/nvidia* fd is left,
               so plain CRIU can dump the tree, and the GPU is free (`released_s`)

@@ -5,7 +5,7 @@ Checkpoint, each phase timed:
                   its API gate, drains and synchronizes, copies its GPU memory into
                   its host arena and releases it (addresses kept);
   control         the driver checkpoint API on every CUDA process of the tree:
-                  lock all, then checkpoint all (VRAM handed back).
+                  lock all, then checkpoint all (VRAM yielded).
 Any failure undoes what was done, in reverse, and the tree keeps running.
 
 Restore is the mirror: driver restore + unlock, then the shims copy the data
@@ -273,7 +273,7 @@ def _summary(pid, targets, phases, t0, restored: bool) -> dict:
 
 
 def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Path | None = None) -> dict:
-    """Checkpoint PID and its descendants in place: VRAM handed back, process kept."""
+    """Checkpoint PID and its descendants in place: its VRAM yielded, the process kept."""
     t0 = time.monotonic()
     targets, driver = discover(pid, run_dir)
     if any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed") for t in targets):

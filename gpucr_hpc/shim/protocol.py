@@ -18,7 +18,7 @@ from typing import Any
 # Requests (the shim's commands).
 STATUS = "status"
 PING = "ping"
-CHECKPOINT = "checkpoint"          # quiesce, copy the GPU data to the arena, hand the GPU back
+CHECKPOINT = "checkpoint"          # quiesce, copy the GPU data to the arena, yield the GPU memory
 RESTORE = "restore"                # the reverse
 PREFILL = "prefill"                # the copy helper refills the GPU while the driver restores
 STAGING_DROP = "staging_drop"      # free the bounce ring before the driver checkpoint
