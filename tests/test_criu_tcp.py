@@ -109,6 +109,8 @@ def test_connection_with_bytes_in_flight_moves_to_another_address(two_nodes, tmp
         assert {c.local for c in established} == {f"{addr_a}:4242"} | {c.remote for c in established}
         assert any(c.listening and c.local == f"{addr_a}:4242" for c in found)
         assert tcp.move_addresses(images, {addr_a: addr_b}) == 5  # 2 x 2 established ends + the listener
+        assert tcp.move_addresses(images, {f"{addr_b}:4242": addr_a}) == 3  # by end: the port-4242 ends
+        assert tcp.move_addresses(images, {f"{addr_a}:4242": addr_b}) == 3
         assert {c.local.split(":")[0] for c in tcp.connections(images)} == {addr_b}
 
         # As a job's restore does it: in a new PID namespace (the tree's PIDs may be taken

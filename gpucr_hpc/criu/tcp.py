@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,21 +79,37 @@ def connections(image_dir: Path) -> list[Connection]:
             for s in _tcp_entries(_load(image_dir))]
 
 
-def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
-    """Give every TCP end of the image at an old address (a key of `moved`) the new one.
+def _split(end: str) -> tuple[str, int]:
+    addr, port = end.rsplit(":", 1)
+    return str(ipaddress.ip_address(addr.strip("[]"))), int(port)
 
-    Both the local end (this rank moved) and the remote end (its peer moved) are
-    rewritten; ports stay. Returns how many ends changed. The file is replaced
-    whole (written beside it, then renamed), so a failure leaves it as it was."""
+
+def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
+    """Give the image's TCP ends their new address: `moved` maps an end ("addr:port")
+    or a whole address ("addr") to the new address; ports stay.
+
+    Both the local end (this unit moved) and the remote end (its peer moved) are
+    rewritten. Returns how many ends changed. The file is replaced whole (written
+    beside it, then renamed), so a failure leaves it as it was."""
     images = _pycriu()
     img = _load(image_dir)
-    norm = {str(ipaddress.ip_address(a)): str(ipaddress.ip_address(b)) for a, b in moved.items()}
+    by_end, by_addr = {}, {}
+    for key, new in moved.items():
+        new = str(ipaddress.ip_address(new.strip("[]")))
+        if key.count(":") == 1 or key.startswith("["):
+            by_end[_split(key)] = new
+        else:
+            by_addr[str(ipaddress.ip_address(key))] = new
     changed = 0
     for s in _tcp_entries(img):
-        for key in ("src_addr", "dst_addr"):
-            addrs = s.get(key) or []
-            if addrs and str(ipaddress.ip_address(addrs[0])) in norm:
-                s[key] = [norm[str(ipaddress.ip_address(addrs[0]))]]
+        for addr_key, port_key in (("src_addr", "src_port"), ("dst_addr", "dst_port")):
+            addrs = s.get(addr_key) or []
+            if not addrs:
+                continue
+            old = str(ipaddress.ip_address(addrs[0]))
+            to = by_end.get((old, int(s.get(port_key, 0)))) or by_addr.get(old)
+            if to and to != old:
+                s[addr_key] = [to]
                 changed += 1
     if changed:
         path = Path(image_dir) / FILES_IMAGE
@@ -101,3 +118,16 @@ def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
             images.dump(img, f)
         os.replace(tmp, path)
     return changed
+
+
+def moved_copy(criu_dir: Path, dest: Path, moved: dict[str, str]) -> Path:
+    """A view of the CRIU images in `criu_dir` with the TCP ends moved (move_addresses):
+    links to every image but the one rewritten, so a committed image is never changed."""
+    dest.mkdir(mode=0o700)
+    for f in Path(criu_dir).iterdir():
+        if f.name == FILES_IMAGE:
+            shutil.copyfile(f, dest / f.name)
+        else:
+            (dest / f.name).symlink_to(f.absolute())
+    move_addresses(dest, moved)
+    return dest

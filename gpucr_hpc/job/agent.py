@@ -30,10 +30,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
-from gpucr_hpc.job import generations
-from gpucr_hpc.job.units import Unit, foreign_connections, local_units
+from gpucr_hpc.job import connections, generations
+from gpucr_hpc.job.connections import Socket
+from gpucr_hpc.job.units import Unit, local_units
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import manifest as mf
@@ -65,15 +67,12 @@ def stdio_of(pid: int) -> dict[str, str]:
     return out
 
 
-def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded: bool = False) -> dict:
-    tree = criu_mod.process_tree(unit.pid)
-    foreign = foreign_connections(tree)
-    if foreign:
-        raise GpucrError(f"{unit.name} on {unit.node} has a network connection that cannot move "
-                         f"({foreign[0]}): its peer is outside the process tree",
-                         "processes connected by TCP to another rank, another node or a server "
-                         "(MPI, NCCL, gloo, a TCP store) cannot be checkpointed")
-    rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, stay_yielded=stay_yielded)
+def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded: bool = False,
+                    tcp: dict | None = None) -> dict:
+    """tcp: the unit's TCP connections as the cut found them ("lock": who locks them;
+    "ends", "peers": what a restore elsewhere needs to move them)."""
+    rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, stay_yielded=stay_yielded,
+                                      tcp_lock=(tcp or {}).get("lock"))
     saved, script = {}, None
     if unit.name == "batch":
         m = mf.load(gen_dir / unit.name)
@@ -85,7 +84,8 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded:
                 save_output(path, sizes[path], gen_dir / rel)
                 saved[path] = {"file": rel, "size": sizes[path]}
     return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"], "gpu_held": rep["gpu_held"],
-            "saved_output": saved, "saved_script": script, "stdio": stdio_of(unit.pid)}
+            "saved_output": saved, "saved_script": script, "stdio": stdio_of(unit.pid),
+            **({"tcp": {k: v for k, v in tcp.items() if k != "lock"}} if tcp else {})}
 
 
 def save_script(pid: int, sizes: dict, gen_dir: Path) -> dict | None:
@@ -119,16 +119,42 @@ def resume_held(gen_dir: Path, units: list[dict]) -> list[str]:
     return errors
 
 
-def prepare(job: dict, gen_dir: Path, stay_yielded: bool = False) -> dict:
+def survey(job: dict) -> tuple[Path, list[Unit], list[Socket]]:
+    """This node's run dir, units and their TCP sockets."""
     site = load_site()
     node = node_name()
     run_dir = site.job_run_dir(job["id"], node)
     os.environ["GPUCR_RUN_DIR"] = str(run_dir)  # where the job's shims have their sockets
     units = local_units(run_dir, node)
+    sockets = [s for u in units for s in connections.unit_sockets(u.name, node, criu_mod.process_tree(u.pid))]
+    return run_dir, units, sockets
+
+
+def tcp_plans(units: list[Unit], sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
+    """Per unit with established connections: how its dump locks them, and its ends."""
+    linked = c.units_linked()
+    plans: dict[str, dict] = {}
+    for s in sockets:
+        if s.listening:
+            continue
+        plan = plans.setdefault(s.unit, {"lock": "skip" if s.unit in linked else "nftables",
+                                         "ends": [], "peers": {}})
+        plan["ends"].append(s.local)
+    for a, b in c.between_units:
+        for mine, peer in ((a, b), (b, a)):
+            if mine.unit in plans:
+                plans[mine.unit]["peers"][mine.remote] = peer.unit
+    return plans
+
+
+def prepare(job: dict, gen_dir: Path, units: list[Unit], run_dir: Path,
+            tcp: dict[str, dict] | None = None, stay_yielded: bool = False) -> dict:
+    node = node_name()
     t0 = time.monotonic()
     outputs = [job.get("std_out", ""), job.get("std_err", "")]
+    tcp = tcp or {}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
-        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, stay_yielded) for u in units]
+        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, stay_yielded, tcp.get(u.name)) for u in units]
         done, errors = [], []
         for f in futures:
             try:
@@ -192,6 +218,9 @@ class _Alone:
     def bcast(self, value, root=0):
         return value
 
+    def allgather(self, value):
+        return [value]
+
 
 def world():
     """(communicator, MIN) of the agents. A one-node job needs no MPI, nor an MPI
@@ -207,12 +236,45 @@ def run_checkpoint(args) -> int:
     comm, MIN = world()
     job = json.loads(args.job_json)
     gen_dir = Path(args.gen_dir)
+    node = node_name()
+    lock_name = f"job{job['id']}"
+    failed = {"node": node, "ok": False, "units": [], "prepare_s": 0.0}
+    units: list[Unit] = []
+    mine: list[Socket] = []
     try:
-        rep = prepare(job, gen_dir, stay_yielded=args.stay_yielded)
+        run_dir, units, mine = survey(job)
+        rep: dict = {"ok": True}
     except GpucrError as e:
-        rep = {"node": node_name(), "ok": False, "units": [], "errors": [e.one_line()],
-               "prepare_s": 0.0}
-    print(json.dumps({"node_report": rep}), flush=True)
+        rep = {**failed, "errors": [e.one_line()]}
+    # Every agent sees every unit's sockets, so all decide alike and none dumps
+    # anything before the job's connections between units are locked everywhere.
+    every = [connections.Socket(**d) for sent in comm.allgather([s.as_dict() for s in mine]) for d in sent]
+    cut = connections.cut(every)
+    refusal = cut.refusal() if any(s.node == node for s in cut.foreign) or (
+        not cut.foreign and cut.refusal() and node == job.get("batch_host")) else None
+    if rep["ok"] and refusal:
+        rep = {**failed, "errors": [f"{refusal}; the job was left running"]}
+    flows = [netlock.Flow(s.local, s.remote) for pair in cut.between_units for s in pair if s.node == node]
+    locked = False
+    if rep["ok"] and flows:
+        try:
+            netlock.lock(lock_name, flows)
+            locked = True
+        except GpucrError as e:
+            rep = {**failed, "errors": [e.one_line()]}
+    try:
+        if comm.allreduce(1 if rep["ok"] else 0, op=MIN) and not cut.refusal():
+            rep = prepare(job, gen_dir, units, run_dir, tcp_plans(units, mine, cut), stay_yielded=args.stay_yielded)
+        elif rep["ok"]:
+            rep = {**failed, "errors": []}  # another node said why
+        print(json.dumps({"node_report": rep}), flush=True)
+        return _vote_and_commit(comm, MIN, job, gen_dir, rep)
+    finally:
+        if locked:
+            netlock.unlock(lock_name)
+
+
+def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict) -> int:
     yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
     reports = comm.gather(rep, root=0)
     committed = False

@@ -196,8 +196,9 @@ def remove_created(paths: list[Path]) -> None:
 
 
 def restore_unit(gen: Path, unit: dict, site, jobid: str,
-                 inherit: dict[int, str] | None = None) -> dict:
-    """Restore one unit in a new PID namespace and record it in this node's registry."""
+                 inherit: dict[int, str] | None = None, moved: dict[str, str] | None = None) -> dict:
+    """Restore one unit in a new PID namespace and record it in this node's registry.
+    moved: its TCP ends that are elsewhere now (job/rank_connections)."""
     # The shim's control socket is bound under the run dir of the node it ran on
     # (of the job id it ran as: a resubmitted job has a new one).
     old_id = str(mf.load(gen)["job"]["id"])
@@ -220,7 +221,7 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     try:
         # check_generation verified every unit before the job's restore began.
         rep = process_image.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
-                                   inherit=inherit, checksums_verified=True, tied=True)
+                                   inherit=inherit, checksums_verified=True, tied=True, moved=moved)
     finally:
         remove_created(created)  # the restored shell holds it open by now
     register(site.job_run_dir(jobid), unit, rep["pid"])

@@ -15,9 +15,11 @@ import sys
 import time
 from pathlib import Path
 
+from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job.batch_restore import give_up, log, open_log, rank_back, restore_unit
+from gpucr_hpc.job import rank_connections
+from gpucr_hpc.job.batch_restore import RANKS_BACK, give_up, log, open_log, rank_back, restore_unit
 from gpucr_hpc.job.batch_restore import say as kept_say
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS
@@ -99,6 +101,7 @@ def main(argv=None) -> int:
     procid = int(os.environ["SLURM_PROCID"])
     jobid = os.environ["SLURM_JOB_ID"]
     signals = StepSignals()
+    locked: str | None = None  # the lock that holds the rank's connections until all are back
     open_log(gen.parent)
     stale = superseded(jobid)
     if stale:
@@ -109,8 +112,16 @@ def main(argv=None) -> int:
         ranks = sorted((u for u in m["units"].values() if u["name"].startswith("rank-")),
                        key=lambda u: u["rank"])
         unit = ranks[procid]
-        rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit))
+        moved: dict[str, str] = {}
+        if unit.get("tcp"):
+            moved = rank_connections.moves(unit, ranks, rank_connections.step_nodes(len(ranks)))
+            if unit["tcp"].get("peers"):  # let go once every rank is back
+                locked = rank_connections.lock_name(jobid, unit)
+                netlock.lock(locked, rank_connections.flows(unit, moved))
+        rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved)
     except (GpucrError, IndexError) as e:
+        if locked:
+            netlock.unlock(locked)
         msg = e.one_line() if isinstance(e, GpucrError) else f"no rank {procid} in {gen}"
         # Not a failed step after which the script would run on without the ranks'
         # work: the job is requeued and held, the image kept, as for the script's tree.
@@ -134,9 +145,18 @@ def main(argv=None) -> int:
     stale = "Slurm ended the step while the rank was restored" if signals.ended else superseded(jobid)
     if stale:
         end_tree(rep["pid"], rep["_launcher"])
+        if locked:
+            netlock.unlock(locked)
         say(f"gpucr: rank {procid} ended after its restore: {stale}")
         return 1
     rank_back(gen.parent, procid)  # the batch step lets go of the job's lock once all are
+    if locked:
+        try:
+            rank_connections.hold_until_all_back(gen.parent / RANKS_BACK, len(ranks))
+        except GpucrError as e:
+            say(f"gpucr: rank {procid}: {e.one_line()}")
+        finally:
+            netlock.unlock(locked)
     return rep["_launcher"].wait()
 
 

@@ -14,7 +14,6 @@ exit status in a file. The step's tasks carry that file's path in
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -79,57 +78,3 @@ def local_units(run_dir: Path, node: str) -> list[Unit]:
             units.append(Unit(f"rank-{rec['step']}.{rec['rank']}", rec["step"], rec["rank"],
                               rec["pid"], node, status))
     return units
-
-
-# -- connections that cannot move ------------------------------------------------
-
-def _socket_inodes(pid: int) -> set[int]:
-    return {int(t[8:-1]) for t in criu_mod.fd_targets(pid) if t.startswith("socket:[")}
-
-
-def _addr(hexaddr: str) -> str:
-    ip_hex, port_hex = hexaddr.split(":")
-    raw = bytes.fromhex(ip_hex)
-    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
-    if len(raw) == 4:
-        ip = ipaddress.IPv4Address(raw[::-1])
-    else:  # /proc prints IPv6 as four little-endian 32-bit words
-        ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-    return f"{ip}:{int(port_hex, 16)}"
-
-
-def _tcp_table(pid: int) -> list[tuple[str, str, int]]:
-    """(local, remote, inode) of established TCP sockets in pid's network namespace."""
-    rows = []
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/{pid}/net/{name}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) > 9 and f[3] == "01":  # ESTABLISHED
-                rows.append((_addr(f[1]), _addr(f[2]), int(f[9])))
-    return rows
-
-
-def foreign_connections(tree: list[int]) -> list[str]:
-    """Established TCP connections from the tree to anything outside it.
-
-    CRIU restores a connection only when both ends are in the restored tree
-    (loopback inside one node's tree). A peer elsewhere — another rank, another
-    node, a server — would find the connection gone: such ranks are refused.
-    """
-    if not tree:
-        return []
-    mine = set().union(*(_socket_inodes(p) for p in tree))
-    table = _tcp_table(tree[0])
-    by_local = {local: inode for local, _, inode in table}
-    found = []
-    for local, remote, inode in table:
-        if inode not in mine:
-            continue
-        peer = by_local.get(remote)
-        if peer is None or peer not in mine:
-            found.append(f"TCP {local} -> {remote}")
-    return found

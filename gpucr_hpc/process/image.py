@@ -135,14 +135,16 @@ def _stage_root(need: int) -> Path | None:
 
 def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
                   stay_yielded: bool = False, timeout_ms: int | None = None,
-                  run_dir: Path | None = None) -> dict:
+                  run_dir: Path | None = None, tcp_lock: str | None = None) -> dict:
     """Image of the tree of `pid` in to_dir. leave_running: the tree runs on, its GPU
     state brought back; with stay_yielded it runs on without it (its VRAM stays yielded,
     its GPU calls wait) until it is ended, or `image_gpu.resume_held` brings it back:
     a preemption frees the GPU now, not after the requeue. timeout_ms: how long the
     shims wait for GPU work in flight and the driver for its lock (default
     in_place.DEFAULT_TIMEOUT_MS); run_dir: where the shims' control sockets are
-    (default shim_client.default_run_dir())."""
+    (default shim_client.default_run_dir()). tcp_lock: dump established TCP
+    connections, the network locked by CRIU ("nftables") or by the caller ("skip":
+    a job's connections between units, locked on every node, criu/netlock)."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     criu = criu_mod.find_criu()
@@ -189,7 +191,9 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         dump_dir.mkdir(exist_ok=True, mode=0o700)
         work = Path(tempfile.mkdtemp(prefix="gpucr-dump-"))
         t = time.monotonic()
-        files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job)
+        tcp = ["--tcp-established", "--network-lock", tcp_lock] if tcp_lock else []
+        files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job,
+                               extra=tcp)
         dumped = True
         if not leave_running and not criu_mod.wait_gone(tree):
             raise GpucrError(f"process tree of {pid} still runs after criu dump",
@@ -219,7 +223,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
             "shell_job": shell_job, "shimmed": shimmed, "leave_running": leave_running,
             "gpu_held": bool(gpu_active and leave_running),
         }
-        m["criu"] = {"version": criu.version_str, "bytes": criu_bytes}
+        m["criu"] = {"version": criu.version_str, "bytes": criu_bytes, "tcp_lock": tcp_lock}
         m["gpu_bytes"] = gpu.bytes if gpu else 0
         m["gpu_processes"] = gpu.records if gpu else []
         m["open_files"] = files_open
@@ -326,8 +330,12 @@ def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
 
 def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False,
                  inherit: dict[int, str] | None = None, checksums_verified: bool = False,
-                 gpus: list[str] | None = None, tied: bool = False) -> dict:
+                 gpus: list[str] | None = None, tied: bool = False,
+                 moved: dict[str, str] | None = None) -> dict:
     """Restore the image in from_dir; `inherit` hands our fds to the tree (criu --inherit-fd).
+
+    moved: TCP ends ("addr:port") that are elsewhere now -> where ("addr:port"): the
+    connections are restored with those ends (the image itself is not changed).
 
     tied: a job's unit, whose new PID namespace must end with the step restoring it.
 
@@ -367,8 +375,15 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     kept = _rewind(rewinds) if rewinds else []
     work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
     t = time.monotonic()
-    restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
-                                  new_pidns=new_ns, inherit=inherit, tied=tied and new_ns)
+    criu_dir, extra = img.criu_dir, []
+    if (m.get("criu") or {}).get("tcp_lock"):
+        extra = ["--tcp-established"]  # CRIU locks as the dump did; "skip": the caller holds the lock
+        if moved:
+            from gpucr_hpc.criu import tcp
+
+            criu_dir = tcp.moved_copy(img.criu_dir, work / "images", moved)
+    restored = criu.start_restore(criu_dir, work, shell_job=bool(proc.get("shell_job")),
+                                  new_pidns=new_ns, inherit=inherit, tied=tied and new_ns, extra=extra)
     timings["criu_restore_s"] = time.monotonic() - t
     placed: list[dict] = []
     if m.get("gpu_processes"):

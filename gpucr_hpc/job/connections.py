@@ -1,0 +1,134 @@
+"""The TCP sockets of a job's units, and which connections stay inside the job.
+
+Every agent lists the TCP sockets of its node's units (established and
+listening); the lists of all nodes together decide, before anything is dumped:
+
+* a connection whose two ends are in one unit moves with it (CRIU restores
+  both ends of the tree);
+* a connection between two units of the job (two ranks, on one node or two)
+  moves too, if both ends are dumped while the job's connections are locked
+  on every node (criu/netlock) and restored before they are unlocked;
+* a connection to anything else (a server elsewhere, another job's process)
+  cannot move: the checkpoint is refused, naming both ends.
+
+A loopback address names a socket only in its own network namespace, so its
+ends are matched in that namespace alone (one machine may run several nodes).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpucr_hpc.criu import run as criu_mod
+
+ESTABLISHED, LISTEN = "01", "0A"  # /proc/net/tcp states
+
+
+@dataclass(frozen=True)
+class Socket:
+    """One TCP socket of a unit: its ends as "addr:port" ("[v6]:port" for IPv6)."""
+
+    unit: str
+    node: str
+    local: str
+    remote: str
+    listening: bool = False
+    netns: str = ""  # the network namespace it lives in: machine boot id / namespace inode
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _addr(hexaddr: str) -> str:
+    ip_hex, port_hex = hexaddr.split(":")
+    raw = bytes.fromhex(ip_hex)
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
+    if len(raw) == 4:
+        ip = ipaddress.IPv4Address(raw[::-1])
+    else:  # /proc prints IPv6 as four little-endian 32-bit words
+        ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+        if ip.ipv4_mapped:
+            ip = ip.ipv4_mapped
+    port = int(port_hex, 16)
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def _inodes(pid: int) -> set[int]:
+    return {int(t[8:-1]) for t in criu_mod.fd_targets(pid) if t.startswith("socket:[")}
+
+
+def _netns(pid: int) -> str:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{Path(f'/proc/{pid}/ns/net').readlink()}"
+    except OSError:
+        return ""
+
+
+def unit_sockets(unit: str, node: str, tree: list[int]) -> list[Socket]:
+    """The established and listening TCP sockets the processes of `tree` hold."""
+    if not tree:
+        return []
+    mine = set().union(*(_inodes(p) for p in tree))
+    netns = _netns(tree[0])
+    found = []
+    for name in ("tcp", "tcp6"):  # the tree's own network namespace
+        try:
+            lines = Path(f"/proc/{tree[0]}/net/{name}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] in (ESTABLISHED, LISTEN) and int(f[9]) in mine:
+                found.append(Socket(unit, node, _addr(f[1]), _addr(f[2]), f[3] == LISTEN, netns))
+    return found
+
+
+def _loopback(end: str) -> bool:
+    return ipaddress.ip_address(end.rsplit(":", 1)[0].strip("[]")).is_loopback
+
+
+def _key(netns: str, local: str, remote: str) -> tuple:
+    return (netns if _loopback(local) else "", local, remote)
+
+
+@dataclass
+class Cut:
+    """What the job's sockets need at a checkpoint."""
+
+    between_units: list[tuple[Socket, Socket]]  # connections from one unit to another
+    foreign: list[Socket]                       # ends whose peer is not in the job
+
+    def refusal(self) -> str | None:
+        batch = [p for p in self.between_units if "batch" in (p[0].unit, p[1].unit)]
+        if batch and not self.foreign:
+            a, b = batch[0]
+            return (f"{a.unit} on {a.node} and {b.unit} on {b.node} are connected (TCP {a.local} -> "
+                    f"{a.remote}): a connection between the batch script and a rank cannot move yet, "
+                    f"only connections between ranks")
+        if not self.foreign:
+            return None
+        s = self.foreign[0]
+        more = f" (and {len(self.foreign) - 1} more)" if len(self.foreign) > 1 else ""
+        return (f"{s.unit} on {s.node} has a network connection that cannot move: TCP {s.local} -> "
+                f"{s.remote}, whose other end is not a process of this job{more}")
+
+    def units_linked(self) -> set[str]:
+        return {s.unit for pair in self.between_units for s in pair}
+
+
+def cut(sockets: list[Socket]) -> Cut:
+    """Match the established ends of all the job's units (every node's list)."""
+    ends = {_key(s.netns, s.local, s.remote): s for s in sockets if not s.listening}
+    between, foreign = [], []
+    for s in sockets:
+        if s.listening:
+            continue
+        peer = ends.get(_key(s.netns, s.remote, s.local))
+        if peer is None:
+            foreign.append(s)
+        elif peer.unit != s.unit and (s.unit, s.local) < (peer.unit, peer.local):
+            between.append((s, peer))
+    return Cut(between, foreign)
