@@ -1,0 +1,183 @@
+"""The lock on a job's TCP connections, held across the CRIU runs of all its nodes.
+
+Each node's ranks are dumped by their own CRIU run, so CRIU's per-run network
+lock leaves a connection open while its peer on another node is already being
+dumped (or is still running): bytes move, or a RST reaches the peer, and the two
+images disagree. So every node locks the job's connections before the first
+dump and unlocks them only after the last (CRIU then runs with
+`--network-lock skip`); at a restore, the restored sockets stay locked until
+every rank is back.
+
+A lock is one nftables table, `inet gpucr_<name>`, with chains at the input and
+output hooks (priority raw, before conntrack) that drop every packet of each
+flow, both ways. TCP sees only loss: nothing is reset, and what was sent while
+locked is retransmitted after the unlock. It is made in one `nft -f -`
+transaction, so a lock is all there or not at all.
+
+Limits: everything runs in the calling process's network namespace (the agent
+runs in its node's), and only as root: there is no path through the root
+helper yet, so connections between ranks are locked for root's jobs only.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from gpucr_hpc import config
+from gpucr_hpc.errors import GpucrError
+
+DEFAULT_PREFIX = "/opt/gpucr-hpc"
+INSTALL_FIX = "run scripts/install-deps (as root): it installs nft with CRIU 4.2"
+TABLE_PREFIX = "gpucr_"
+_NAME = re.compile(r"[A-Za-z0-9_]+")
+_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One TCP connection as this node's socket sees it: "addr:port" each,
+    `10.0.0.1:4242` or `[fd00::1]:4242`."""
+
+    local: str
+    remote: str
+
+
+def nft_command() -> list[str]:
+    """The nft to run: the one installed with CRIU, else the system's."""
+    prefix = config.value("GPUCR_PREFIX") or DEFAULT_PREFIX
+    wrapper = os.path.join(prefix, "bin", "gpucr-nft")
+    if os.access(wrapper, os.X_OK):
+        return [wrapper]
+    on_path = shutil.which("nft")
+    if on_path:
+        return [on_path]
+    raise GpucrError(f"nft (nftables) is not installed: neither {wrapper} nor nft on PATH exists", INSTALL_FIX)
+
+
+def lock(name: str, flows: list[Flow]) -> None:
+    """Drop every packet of `flows`, both ways, until unlock(name). Locking a
+    name again replaces its flows."""
+    table = _table(name)
+    out_rules, in_rules = [], []
+    for flow in flows:
+        local, remote = _endpoint(flow.local), _endpoint(flow.remote)
+        if local[0].version != remote[0].version:
+            raise GpucrError(f"connection {flow.local} -> {flow.remote} mixes IPv4 and IPv6",
+                             "give both ends of a connection in the same family")
+        out_rules.append(f"        {_match(local, remote)} drop")
+        in_rules.append(f"        {_match(remote, local)} drop")
+    # The empty table first makes the delete succeed when none existed: one
+    # transaction that replaces an old lock or makes a new one.
+    text = "\n".join([
+        f"table inet {table} {{}}",
+        f"delete table inet {table}",
+        f"table inet {table} {{",
+        "    chain output {",
+        "        type filter hook output priority raw; policy accept;",
+        *out_rules,
+        "    }",
+        "    chain input {",
+        "        type filter hook input priority raw; policy accept;",
+        *in_rules,
+        "    }",
+        "}",
+        "",
+    ])
+    _nft(["-f", "-"], f"cannot lock the TCP connections of {name}", stdin=text)
+
+
+def unlock(name: str) -> bool:
+    """Let the flows of `name` through again. True if it was locked."""
+    table = _table(name)
+    out = _run(["delete", "table", "inet", table])
+    if out.returncode == 0:
+        return True
+    if "No such file or directory" in out.stderr:
+        return False
+    raise _error(f"cannot unlock the TCP connections of {name}", out.stderr)
+
+
+def locked(name: str) -> list[Flow]:
+    """The flows `name` locks now, as this node's sockets see them (from the
+    output chain: saddr/sport is the local end); [] when it locks none."""
+    table = _table(name)
+    out = _run(["-j", "list", "table", "inet", table])
+    if out.returncode != 0:
+        if "No such file or directory" in out.stderr:
+            return []
+        raise _error(f"cannot list the locked TCP connections of {name}", out.stderr)
+    flows = []
+    for item in json.loads(out.stdout).get("nftables", []):
+        rule = item.get("rule")
+        if not rule or rule.get("chain") != "output":
+            continue
+        seen = {}
+        for expr in rule.get("expr", []):
+            match = expr.get("match")
+            payload = match and match.get("left", {}).get("payload")
+            if payload:
+                seen[payload["field"]] = match["right"]
+        flows.append(Flow(_text(seen["saddr"], seen["sport"]), _text(seen["daddr"], seen["dport"])))
+    return flows
+
+
+def _table(name: str) -> str:
+    # The name becomes part of nft's ruleset text: nothing but a plain word.
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise GpucrError(f"bad lock name {name!r}: only letters, digits and _ are allowed",
+                         "name the lock after the job, e.g. job123")
+    return TABLE_PREFIX + name
+
+
+def _endpoint(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([0-9.]+):(\d+)", text)
+    try:
+        if not m:
+            raise ValueError
+        addr = ipaddress.ip_address(m.group(1) or m.group(3))
+        port = int(m.group(2) or m.group(4))
+        if not 0 < port < 65536 or (m.group(1) and addr.version != 6):
+            raise ValueError
+    except ValueError:
+        raise GpucrError(f"bad connection end {text!r}", "write it as 10.0.0.1:4242 or [fd00::1]:4242") from None
+    return addr, port
+
+
+def _match(src, dst) -> str:
+    ip = "ip" if src[0].version == 4 else "ip6"
+    return f"{ip} saddr {src[0]} tcp sport {src[1]} {ip} daddr {dst[0]} tcp dport {dst[1]}"
+
+
+def _text(addr: str, port: int) -> str:
+    a = ipaddress.ip_address(addr)
+    return f"[{a}]:{port}" if a.version == 6 else f"{a}:{port}"
+
+
+def _run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    if os.geteuid() != 0:
+        raise GpucrError("locking TCP connections needs root (CAP_NET_ADMIN)",
+                         "checkpoint jobs whose ranks talk over TCP as root")
+    cmd = nft_command() + args
+    try:
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise GpucrError(f"{cmd[0]} did not answer within {_TIMEOUT_S} s", INSTALL_FIX) from None
+    except OSError as e:
+        raise GpucrError(f"cannot run {cmd[0]}: {e.strerror}", INSTALL_FIX) from e
+
+
+def _nft(args: list[str], what: str, stdin: str | None = None) -> None:
+    out = _run(args, stdin)
+    if out.returncode != 0:
+        raise _error(what, out.stderr)
+
+
+def _error(what: str, stderr: str) -> GpucrError:
+    first = next((line.strip() for line in stderr.splitlines() if line.strip()), "no message")
+    return GpucrError(f"{what}: nft: {first}", "")
