@@ -170,61 +170,6 @@ def test_site_fast_path_leaves_cpu_ranks_as_they_were(slurm_cluster, workdir, si
     assert "copy-helper.sock arena=auto" in text, text  # the settings reached the job
     assert "copy helper" not in text.replace("copy-helper.sock", ""), text
 
-PEERS = r"""
-import os, socket, sys, time
-rank, port = int(os.environ["SLURM_PROCID"]), int(sys.argv[1])
-addr_file = sys.argv[2] + "/peer-addr"
-if rank == 0:
-    # Its node's own address where nodes have one (scripts/testcluster, netns mode).
-    try:
-        addr = socket.gethostbyname(os.environ["SLURMD_NODENAME"])
-    except OSError:
-        addr = "127.0.0.1"
-    srv = socket.create_server((addr, port))
-    open(addr_file + ".tmp", "w").write(addr)
-    os.rename(addr_file + ".tmp", addr_file)
-    conn, _ = srv.accept()
-else:
-    for _ in range(100):
-        try:
-            conn = socket.create_connection((open(addr_file).read(), port))
-            break
-        except OSError:
-            time.sleep(0.1)
-out = open(sys.argv[2] + f"/peer-{rank}.txt", "a", buffering=1)
-for i in range(100000):
-    out.write(f"{i}\n")
-    time.sleep(0.05)
-"""
-
-
-def test_ranks_connected_across_nodes_are_refused(slurm_cluster, workdir):
-    """A TCP connection from a rank to another node's rank cannot move: refused, job runs on."""
-    (workdir / "peers.py").write_text(PEERS)
-    port = 20000 + os.getpid() % 10000
-    script = workdir / "peers.sh"
-    script.write_text(f"#!/bin/bash\nsrun --ntasks=2 --ntasks-per-node=1 "
-                      f"{sys.executable} {workdir}/peers.py {port} {workdir}\n")
-    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(workdir / "peers.out"))
-    try:
-        slurm_cluster.wait_state(jobid, "RUNNING")
-        logs = [workdir / f"peer-{r}.txt" for r in (0, 1)]
-        wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to run")
-        r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
-        assert r.returncode != 0
-        lines = r.stderr.strip().splitlines()
-        assert len(lines) == 1, r.stderr
-        assert "network connection that cannot move" in lines[0] and "TCP" in lines[0], lines[0]
-        assert "job was left running" in lines[0]
-        n = len(numbers(logs[0]))
-        wait_for(lambda: len(numbers(logs[0])) > n + 5, what="the job to keep running")
-        assert slurm_cluster.job(jobid)["JobState"] == "RUNNING"
-        ls = gpucr(slurm_cluster, "ls", jobid, "--json")
-        assert '"committed": true' not in ls.stdout
-    finally:
-        slurm_cluster.run("scancel", jobid, check=False)
-
-
 def test_preempted_by_higher_priority_job_is_checkpointed_automatically(slurm_cluster, workdir):
     """No gpucr-hpc command at all: Slurm preempts the job for an urgent one. Its warning
     signal (PreemptParameters / SlurmctldParameters=preempt_send_user_signal) makes the

@@ -1,0 +1,129 @@
+"""Jobs whose ranks talk over TCP, on the real test cluster with real CRIU (4.2+).
+
+Two ranks on two nodes hold one TCP connection: rank 1 streams numbered words
+to rank 0, which checks that every word comes once and in order. The job is
+checkpointed in place and runs on, then preempted with its first node drained,
+requeued, restored on another node set (in netns mode each node has its own
+address, so the connection's ends move), and preempted and restored again.
+Rank 0 must end having read every word once: nothing lost, duplicated or
+reordered across three cuts.
+"""
+
+import os
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.criu]
+
+if os.geteuid() != 0:
+    pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
+
+from job_helpers import gpucr, wait_for  # noqa: E402
+
+WORDS, PER_TICK, TICK = 60_000, 100, 0.05  # 30 s of streaming
+
+PAIR = r"""
+import os, socket, struct, sys, time
+rank, port, workdir = int(os.environ["SLURM_PROCID"]), int(sys.argv[1]), sys.argv[2]
+words, per_tick, tick = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+addr_file = workdir + "/server-addr"
+log = open(f"{workdir}/pair-{rank}.txt", "a", buffering=1)
+if rank == 0:
+    try:  # its node's own address where nodes have one (scripts/testcluster, netns mode)
+        addr = socket.gethostbyname(os.environ["SLURMD_NODENAME"])
+    except OSError:
+        addr = "127.0.0.1"
+    srv = socket.create_server((addr, port))
+    open(addr_file + ".tmp", "w").write(addr)
+    os.rename(addr_file + ".tmp", addr_file)
+    conn, _ = srv.accept()
+    want, buf = 0, b""
+    while want < words:
+        data = conn.recv(65536)
+        if not data:
+            log.write(f"closed at {want}\n")
+            sys.exit(1)
+        buf += data
+        n = len(buf) // 4
+        got = struct.unpack(f"!{n}I", buf[:4 * n])
+        buf = buf[4 * n:]
+        for i, w in enumerate(got):
+            if w != want + i:
+                log.write(f"bad at {want + i}: got {w}\n")
+                sys.exit(1)
+        want += n
+        log.write(f"{want}\n")
+    log.write("all words once, in order\n")
+else:
+    for _ in range(200):
+        try:
+            conn = socket.create_connection((open(addr_file).read(), port))
+            break
+        except OSError:
+            time.sleep(0.1)
+    for i in range(0, words, per_tick):
+        conn.sendall(b"".join(struct.pack("!I", w) for w in range(i, min(i + per_tick, words))))
+        log.write(f"{min(i + per_tick, words)}\n")
+        time.sleep(tick)
+    conn.shutdown(socket.SHUT_WR)
+    conn.recv(1)  # until rank 0 has read all and closed
+"""
+
+
+def numbers(path) -> list[int]:
+    """The counts a rank logged (its last line may say how it ended)."""
+    return [int(x) for x in path.read_text().split("\n") if x.isdigit()] if path.exists() else []
+
+
+def _nodes(cluster, jobid):
+    return sorted(cluster.run("scontrol", "show", "hostnames", cluster.job(jobid)["NodeList"]).stdout.split())
+
+
+def _restored(cluster, jobid, restarts, logs):
+    wait_for(lambda: cluster.job(jobid).get("Restarts") == str(restarts)
+             and cluster.job(jobid).get("JobState") == "RUNNING", timeout=180, what=f"restart {restarts}")
+    at = len(numbers(logs[0]))
+    wait_for(lambda: len(numbers(logs[0])) > at + 5, timeout=120, what=f"rank 0 reading after restore {restarts}")
+
+
+def test_ranks_connected_across_nodes_move_with_their_connection(slurm_cluster, workdir):
+    (workdir / "pair.py").write_text(PAIR)
+    port = 20000 + os.getpid() % 10000
+    script = workdir / "pair.sh"
+    script.write_text(f"#!/bin/bash\necho start restart=${{SLURM_RESTART_COUNT:-0}}\n"
+                      f"srun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py {port} {workdir} "
+                      f"{WORDS} {PER_TICK} {TICK}\necho after srun rc=$?\n")
+    out = workdir / "pair.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(out))
+    logs = [workdir / f"pair-{r}.txt" for r in (0, 1)]
+    drained = None
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to talk")
+        # 1. In place: the job runs on, its connection too.
+        r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
+        assert r.returncode == 0, r.stderr
+        at = len(numbers(logs[0]))
+        wait_for(lambda: len(numbers(logs[0])) > at + 5, what="rank 0 to read on after the checkpoint")
+        # 2. Preempted with its first node drained: restored on other nodes.
+        drained = _nodes(slurm_cluster, jobid)[0]
+        slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
+        gpucr(slurm_cluster, "preempt", jobid)
+        _restored(slurm_cluster, jobid, 1, logs)
+        assert drained not in _nodes(slurm_cluster, jobid)
+        slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME")
+        drained = None
+        # 3. Again, from the restored state.
+        gpucr(slurm_cluster, "preempt", jobid)
+        _restored(slurm_cluster, jobid, 2, logs)
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+        text = out.read_text()
+        final = logs[0].read_text().splitlines()
+        assert final[-1] == "all words once, in order", final[-3:]
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (text, info)
+        assert text.count("start restart=") == 1 and text.count("after srun rc=0") == 1, text
+    finally:
+        if drained:
+            slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
+        slurm_cluster.run("scancel", jobid, check=False)
