@@ -1,5 +1,9 @@
 """Jobs whose ranks talk over TCP, on the real test cluster with real CRIU (4.2+).
 
+A torch.distributed job with the gloo backend (2 nodes x 2 ranks, env://
+rendezvous on the first node, an all-reduce and the TCP store every step) goes
+through the same cuts, and every step's values must be exactly right.
+
 Two ranks on two nodes hold one TCP connection: rank 1 streams numbered words
 to rank 0, which checks that every word comes once and in order. The job is
 checkpointed in place and runs on, then preempted with its first node drained,
@@ -123,6 +127,87 @@ def test_ranks_connected_across_nodes_move_with_their_connection(slurm_cluster, 
         assert final[-1] == "all words once, in order", final[-3:]
         assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (text, info)
         assert text.count("start restart=") == 1 and text.count("after srun rc=0") == 1, text
+    finally:
+        if drained:
+            slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+GLOO = r"""
+import os, sys, time
+import torch
+import torch.distributed as dist
+out, steps, pace = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+dist.init_process_group("gloo", rank=rank, world_size=world)
+store = dist.distributed_c10d._get_default_store()
+log = open(f"{out}/gloo-{rank}.txt", "a", buffering=1)
+for step in range(steps):
+    t = torch.full((1024,), float((rank + 1) * (step + 1)), dtype=torch.float64)
+    dist.all_reduce(t)
+    store.set(f"s{step}r{rank}", str(step * 1000 + rank))
+    peer = (rank + 1) % world
+    got = int(store.get(f"s{step}r{peer}"))
+    ok = t[0].item() == (step + 1) * world * (world + 1) / 2 and bool((t == t[0]).all()) \
+        and got == step * 1000 + peer
+    log.write(f"{step} {'ok' if ok else 'WRONG'} {t[0].item()} {got}\n")
+    time.sleep(pace)
+dist.barrier()
+log.write("done\n")
+dist.destroy_process_group()
+"""
+
+
+def test_gloo_job_keeps_its_connections_through_a_move(slurm_cluster, workdir):
+    pytest.importorskip("torch")
+    steps = 400
+    (workdir / "gloo.py").write_text(GLOO)
+    port = 21000 + os.getpid() % 10000
+    script = workdir / "gloo.sh"
+    script.write_text(f"""#!/bin/bash
+echo start restart=${{SLURM_RESTART_COUNT:-0}}
+export MASTER_ADDR=$(getent hosts $(scontrol show hostnames $SLURM_JOB_NODELIST | head -1) | awk '{{print $1}}')
+export MASTER_PORT={port} OMP_NUM_THREADS=1 USE_LIBUV=0
+srun --ntasks=4 --ntasks-per-node=2 {sys.executable} {workdir}/gloo.py {workdir} {steps} 0.05
+echo after srun rc=$?
+""")
+    out = workdir / "gloo.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=2", "-o", str(out))
+    logs = [workdir / f"gloo-{r}.txt" for r in range(4)]
+
+    def done(p):
+        return len(p.read_text().splitlines()) if p.exists() else 0
+
+    drained = None
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: all(done(p) > 5 for p in logs), timeout=180, what="every rank to step",
+                 detail=lambda: out.read_text())
+        r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
+        assert r.returncode == 0, r.stderr
+        at = done(logs[0])
+        wait_for(lambda: done(logs[0]) > at + 5, what="the job to step on after the checkpoint")
+        drained = _nodes(slurm_cluster, jobid)[0]
+        slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
+        gpucr(slurm_cluster, "preempt", jobid)
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1"
+                 and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=180, what="restart 1")
+        at = done(logs[0])
+        wait_for(lambda: done(logs[0]) > at + 5, timeout=180, what="the job to step after its restore",
+                 detail=lambda: out.read_text())
+        assert drained not in _nodes(slurm_cluster, jobid)
+        slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME")
+        drained = None
+        gpucr(slurm_cluster, "preempt", jobid)
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+        text = out.read_text()
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (text, info)
+        for p in logs:
+            got = p.read_text().splitlines()
+            assert got[-1] == "done", (p, got[-3:])
+            rows = [ln.split() for ln in got[:-1]]
+            assert [int(x[0]) for x in rows] == list(range(steps)), f"{p}: a step repeated or skipped"
+            assert all(x[1] == "ok" for x in rows), next(x for x in rows if x[1] != "ok")
     finally:
         if drained:
             slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)

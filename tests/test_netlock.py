@@ -186,6 +186,17 @@ def test_a_locked_connection_moves_nothing_and_resumes_whole(netns, env, pair):
     assert in_ns(netns, env, "locked", "job1") == []
 
 
+def test_a_lock_whose_holder_died_lets_go_at_its_deadline(netns, env, pair):
+    """No unlock at all (its holder was killed): the connection resumes once the lock expires."""
+    flow = [pair.client, pair.server]
+    assert in_ns(netns, env, "lock", "job9", [flow], 2) is None
+    pair.ask("send c 4000")
+    assert pair.ask("recv c 4000 0.5") == ["0", "True"]  # locked
+    assert pair.ask("recv c 4000 15") == ["4000", "True"]  # expired: retransmitted, whole
+    assert pair.ask("err") == ["0", "0"]
+    assert in_ns(netns, env, "unlock", "job9") is True  # the table stayed, inert
+
+
 def test_locking_again_replaces_and_ipv6_reads_back(netns, env):
     v4 = ["10.0.0.1:4242", "10.0.0.2:50000"]
     v6 = ["[fd00:0:0::1]:4242", "[FD00::2]:50000"]
@@ -242,7 +253,7 @@ def test_nft_s_error_is_the_cause(tmp_path, monkeypatch):
         netlock.lock("job7", [])
     assert e.value.cause == ("cannot lock the TCP connections of job7: "
                              "nft: Error: Could not process rule: Operation not supported")
-    with pytest.raises(GpucrError, match="cannot unlock"):
+    with pytest.raises(GpucrError, match="nft: Error: Could not process rule"):
         netlock.unlock("job7")
 
 

@@ -10,7 +10,8 @@ every rank is back.
 
 A lock is one nftables table, `inet gpucr_<name>`, with chains at the input and
 output hooks (priority raw, before conntrack) that drop every packet of each
-flow, both ways. TCP sees only loss: nothing is reset, and what was sent while
+flow, both ways, until a deadline (`meta time`): a holder that dies cannot
+stall the job's connections for longer. TCP sees only loss: nothing is reset, and what was sent while
 locked is retransmitted after the unlock. It is made in one `nft -f -`
 transaction, so a lock is all there or not at all.
 
@@ -27,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 
 from gpucr_hpc import config
@@ -37,6 +39,7 @@ INSTALL_FIX = "run scripts/install-deps (as root): it installs nft with CRIU 4.2
 TABLE_PREFIX = "gpucr_"
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 _TIMEOUT_S = 30
+EXPIRES_S = 900.0  # longer than any checkpoint or restore the lock covers
 
 
 @dataclass(frozen=True)
@@ -60,18 +63,20 @@ def nft_command() -> list[str]:
     raise GpucrError(f"nft (nftables) is not installed: neither {wrapper} nor nft on PATH exists", INSTALL_FIX)
 
 
-def lock(name: str, flows: list[Flow]) -> None:
-    """Drop every packet of `flows`, both ways, until unlock(name). Locking a
-    name again replaces its flows."""
+def lock(name: str, flows: list[Flow], expires_s: float = EXPIRES_S) -> None:
+    """Drop every packet of `flows`, both ways, until unlock(name) or for
+    `expires_s` seconds at most: a lock whose holder died must not stall the
+    job's connections for ever. Locking a name again replaces its flows."""
     table = _table(name)
+    until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(time.time() + expires_s))
     out_rules, in_rules = [], []
     for flow in flows:
         local, remote = _endpoint(flow.local), _endpoint(flow.remote)
         if local[0].version != remote[0].version:
             raise GpucrError(f"connection {flow.local} -> {flow.remote} mixes IPv4 and IPv6",
                              "give both ends of a connection in the same family")
-        out_rules.append(f"        {_match(local, remote)} drop")
-        in_rules.append(f"        {_match(remote, local)} drop")
+        out_rules.append(f'        meta time < "{until}" {_match(local, remote)} drop')
+        in_rules.append(f'        meta time < "{until}" {_match(remote, local)} drop')
     # The empty table first makes the delete succeed when none existed: one
     # transaction that replaces an old lock or makes a new one.
     text = "\n".join([
@@ -92,25 +97,33 @@ def lock(name: str, flows: list[Flow]) -> None:
     _nft(["-f", "-"], f"cannot lock the TCP connections of {name}", stdin=text)
 
 
+def _exists(table: str) -> bool:
+    out = _run(["-j", "list", "tables", "inet"])
+    if out.returncode != 0:
+        raise _error("cannot list the nftables tables", out.stderr)
+    return any((item.get("table") or {}).get("name") == table
+               for item in json.loads(out.stdout).get("nftables", []))
+
+
 def unlock(name: str) -> bool:
     """Let the flows of `name` through again. True if it was locked."""
     table = _table(name)
-    out = _run(["delete", "table", "inet", table])
-    if out.returncode == 0:
-        return True
-    if "No such file or directory" in out.stderr:
+    if not _exists(table):
         return False
-    raise _error(f"cannot unlock the TCP connections of {name}", out.stderr)
+    out = _run(["delete", "table", "inet", table])
+    if out.returncode != 0:
+        raise _error(f"cannot unlock the TCP connections of {name}", out.stderr)
+    return True
 
 
 def locked(name: str) -> list[Flow]:
     """The flows `name` locks now, as this node's sockets see them (from the
     output chain: saddr/sport is the local end); [] when it locks none."""
     table = _table(name)
+    if not _exists(table):
+        return []
     out = _run(["-j", "list", "table", "inet", table])
     if out.returncode != 0:
-        if "No such file or directory" in out.stderr:
-            return []
         raise _error(f"cannot list the locked TCP connections of {name}", out.stderr)
     flows = []
     for item in json.loads(out.stdout).get("nftables", []):
@@ -165,7 +178,9 @@ def _run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProce
                          "checkpoint jobs whose ranks talk over TCP as root")
     cmd = nft_command() + args
     try:
-        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=_TIMEOUT_S)
+        # TZ: the expiry is written in UTC, and nft reads dates in its own zone
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=_TIMEOUT_S,
+                              env={**os.environ, "TZ": "UTC"})
     except subprocess.TimeoutExpired:
         raise GpucrError(f"{cmd[0]} did not answer within {_TIMEOUT_S} s", INSTALL_FIX) from None
     except OSError as e:

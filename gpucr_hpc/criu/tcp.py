@@ -106,10 +106,12 @@ def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
             addrs = s.get(addr_key) or []
             if not addrs:
                 continue
-            old = str(ipaddress.ip_address(addrs[0]))
+            ip = ipaddress.ip_address(addrs[0])
+            mapped = ip.version == 6 and ip.ipv4_mapped  # a dual-stack socket on IPv4
+            old = str(mapped or ip)
             to = by_end.get((old, int(s.get(port_key, 0)))) or by_addr.get(old)
             if to and to != old:
-                s[addr_key] = [to]
+                s[addr_key] = [f"::ffff:{to}" if mapped else to]
                 changed += 1
     if changed:
         path = Path(image_dir) / FILES_IMAGE

@@ -12,8 +12,9 @@ run the two-phase checkpoint:
 3. commit: rank 0 writes the job manifest and COMMITTED; or abort: every agent
    deletes what it wrote, and the job runs on as before.
 
-Each agent prints one JSON line (its node's report); rank 0 prints the job's
-result last, as `{"result": ...}`.
+Rank 0 alone prints, one JSON line each: every node's report (gathered over
+MPI), then the job's result last, as `{"result": ...}`. (srun interleaves
+the output of several tasks within long lines.)
 
 `yield` and `reclaim` (for `gpucr-hpc suspend/resume JOBID`) checkpoint the
 GPU state of every unit in place (VRAM yielded, processes kept) and
@@ -131,19 +132,20 @@ def survey(job: dict) -> tuple[Path, list[Unit], list[Socket]]:
 
 
 def tcp_plans(units: list[Unit], sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
-    """Per unit with established connections: how its dump locks them, and its ends."""
+    """Per unit with TCP sockets: how its dump locks its connections (None: it has
+    none, only listening sockets), and its ends, which a restore elsewhere moves."""
     linked = c.units_linked()
     plans: dict[str, dict] = {}
     for s in sockets:
-        if s.listening:
-            continue
-        plan = plans.setdefault(s.unit, {"lock": "skip" if s.unit in linked else "nftables",
-                                         "ends": [], "peers": {}})
+        plan = plans.setdefault(s.unit, {"lock": None, "ends": [], "peers": {}, "links": []})
         plan["ends"].append(s.local)
+        if not s.listening:
+            plan["lock"] = "skip" if s.unit in linked else "nftables"
     for a, b in c.between_units:
         for mine, peer in ((a, b), (b, a)):
             if mine.unit in plans:
                 plans[mine.unit]["peers"][mine.remote] = peer.unit
+                plans[mine.unit]["links"].append([mine.local, mine.remote])
     return plans
 
 
@@ -267,11 +269,18 @@ def run_checkpoint(args) -> int:
             rep = prepare(job, gen_dir, units, run_dir, tcp_plans(units, mine, cut), stay_yielded=args.stay_yielded)
         elif rep["ok"]:
             rep = {**failed, "errors": []}  # another node said why
-        print(json.dumps({"node_report": rep}), flush=True)
         return _vote_and_commit(comm, MIN, job, gen_dir, rep)
     finally:
         if locked:
             netlock.unlock(lock_name)
+
+
+def _print_reports(reports: list[dict], result: dict) -> None:
+    """Rank 0 alone prints: srun interleaves the output of several tasks within
+    long lines, so the reports reach rank 0 through MPI and leave it one per line."""
+    for r in reports:
+        print(json.dumps({"node_report": r}), flush=True)
+    print(json.dumps({"result": result}), flush=True)
 
 
 def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict) -> int:
@@ -295,12 +304,12 @@ def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict) -> int:
             generations.discard(gen_dir)  # the processes never stopped: nothing else to undo
     if comm.rank == 0:
         errors = [e for r in reports for e in r["errors"]]
-        print(json.dumps({"result": {
+        _print_reports(reports, {
             "committed": committed, "generation": gen_dir.name, "image": str(gen_dir),
             "errors": errors, "nodes": [r["node"] for r in reports],
             "units": [u["name"] for r in reports for u in r["units"]],
             "bytes": sum(u["bytes"] for r in reports for u in r["units"]),
-            "prepare_s": max(r["prepare_s"] for r in reports)}}), flush=True)
+            "prepare_s": max(r["prepare_s"] for r in reports)})
     return 0  # the outcome is in the result line; non-zero means an agent broke
 
 
@@ -336,10 +345,9 @@ def run_yield(args) -> int:
     yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
     if not yes and rep["units"]:
         rep["undone"] = _in_place(job, "restore")["ok"]  # the suspend is off: reclaim the GPU
-    print(json.dumps({"node_report": rep}), flush=True)
     reports = comm.gather(rep, root=0)
     if comm.rank == 0:
-        print(json.dumps({"result": _in_place_result(reports, bool(yes))}), flush=True)
+        _print_reports(reports, _in_place_result(reports, bool(yes)))
     return 0
 
 
@@ -349,12 +357,11 @@ def run_reclaim(args) -> int:
 
 
 def _report_in_place(comm, MIN, rep: dict) -> int:
-    """This node's report, then (rank 0) the job's result: ok only if every node's is."""
-    print(json.dumps({"node_report": rep}), flush=True)
+    """Every node's report, then the job's result (rank 0): ok only if every node's is."""
     reports = comm.gather(rep, root=0)
     ok = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
     if comm.rank == 0:
-        print(json.dumps({"result": _in_place_result(reports, bool(ok))}), flush=True)
+        _print_reports(reports, _in_place_result(reports, bool(ok)))
     return 0
 
 

@@ -5,8 +5,9 @@ each connection to another rank, which rank holds the other end. The restore
 step places rank N on the node of its task N (block distribution, as the
 step that ran), so every task knows where every rank goes without asking:
 
-* an end on a node address moves to the new node's address (ports stay); an
-  end on a loopback address stays, since its peer shares the namespace;
+* an end on a node address moves to the new node's address (ports stay),
+  listening ones too; an end on a loopback address stays, since its peer
+  shares the namespace, and so does one bound to any address;
 * a rank with connections to other ranks is restored with them locked
   (criu/netlock) and they are let go only once every rank is back: a packet
   reaching a peer that is not restored yet would reset the connection.
@@ -58,8 +59,10 @@ def _split(end: str) -> tuple[str, int]:
     return addr.strip("[]"), int(port)
 
 
-def _loopback(end: str) -> bool:
-    return ipaddress.ip_address(_split(end)[0]).is_loopback
+def _stays(end: str) -> bool:
+    """A loopback end (its peer shares the namespace) or a wildcard one (any address)."""
+    ip = ipaddress.ip_address(_split(end)[0])
+    return ip.is_loopback or ip.is_unspecified
 
 
 def moves(unit: dict, ranks: list[dict], nodes: list[str]) -> dict[str, str]:
@@ -69,29 +72,23 @@ def moves(unit: dict, ranks: list[dict], nodes: list[str]) -> dict[str, str]:
     moved: dict[str, str] = {}
     mine = _address(where[unit["name"]])
     for end in tcp.get("ends", []):
-        if not _loopback(end):
+        if not _stays(end):
             moved[end] = mine
     for remote, peer in (tcp.get("peers") or {}).items():
-        if not _loopback(remote) and peer in where:
+        if not _stays(remote) and peer in where:
             moved[remote] = _address(where[peer])
     return moved
 
 
 def flows(unit: dict, moved: dict[str, str]) -> list[netlock.Flow]:
     """The unit's connections to other ranks, with their ends where they are now."""
-    tcp = unit.get("tcp") or {}
 
     def now(end: str) -> str:
         addr, port = _split(end)
         new = moved.get(end, addr)
         return f"[{new}]:{port}" if ":" in new else f"{new}:{port}"
 
-    peers = set(tcp.get("peers") or {})
-    out = []
-    for local in tcp.get("ends", []):
-        for remote in peers:
-            out.append(netlock.Flow(now(local), now(remote)))
-    return out
+    return [netlock.Flow(now(local), now(remote)) for local, remote in (unit.get("tcp") or {}).get("links", [])]
 
 
 def lock_name(jobid: str, unit: dict) -> str:

@@ -117,7 +117,8 @@ def main(argv=None) -> int:
             moved = rank_connections.moves(unit, ranks, rank_connections.step_nodes(len(ranks)))
             if unit["tcp"].get("peers"):  # let go once every rank is back
                 locked = rank_connections.lock_name(jobid, unit)
-                netlock.lock(locked, rank_connections.flows(unit, moved))
+                netlock.lock(locked, rank_connections.flows(unit, moved),
+                             expires_s=rank_connections.HOLD_TIMEOUT_S + 600)
         rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved)
     except (GpucrError, IndexError) as e:
         if locked:

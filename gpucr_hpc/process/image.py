@@ -378,10 +378,10 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     criu_dir, extra = img.criu_dir, []
     if (m.get("criu") or {}).get("tcp_lock"):
         extra = ["--tcp-established"]  # CRIU locks as the dump did; "skip": the caller holds the lock
-        if moved:
-            from gpucr_hpc.criu import tcp
+    if moved:
+        from gpucr_hpc.criu import tcp
 
-            criu_dir = tcp.moved_copy(img.criu_dir, work / "images", moved)
+        criu_dir = tcp.moved_copy(img.criu_dir, work / "images", moved)
     restored = criu.start_restore(criu_dir, work, shell_job=bool(proc.get("shell_job")),
                                   new_pidns=new_ns, inherit=inherit, tied=tied and new_ns, extra=extra)
     timings["criu_restore_s"] = time.monotonic() - t
