@@ -110,3 +110,23 @@ def test_node_addresses_match_across_nodes():
     a = connections.Socket("rank-0.0", "n1", "10.0.0.11:5000", "10.0.0.12:40000", netns="b1/net:[1]")
     b = connections.Socket("rank-0.1", "n2", "10.0.0.12:40000", "10.0.0.11:5000", netns="b2/net:[1]")
     assert len(connections.cut([a, b]).between_units) == 1
+
+
+MPI_LOADED = r"""
+import mpi4py
+mpi4py.rc.initialize = False  # the library loaded, no MPI_Init
+from mpi4py import MPI
+print("loaded", flush=True)
+import time; time.sleep(60)
+"""
+
+
+def test_a_unit_with_mpi_loaded_is_found(procs):
+    pytest.importorskip("mpi4py")
+    from gpucr_hpc.job.units import mpi_process
+
+    p, said = procs(MPI_LOADED)
+    assert said == "loaded"
+    assert mpi_process(criu_mod.process_tree(p.pid)) == p.pid
+    q, _ = procs(SELF)
+    assert mpi_process(criu_mod.process_tree(q.pid)) is None

@@ -212,3 +212,37 @@ echo after srun rc=$?
         if drained:
             slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+MPI_RANKS = r"""
+import sys, time
+from mpi4py import MPI
+log = open(f"{sys.argv[1]}/mpi-{MPI.COMM_WORLD.rank}.txt", "a", buffering=1)
+for i in range(100000):
+    MPI.COMM_WORLD.allreduce(i)
+    log.write(f"{i}\n")
+    time.sleep(0.05)
+"""
+
+
+def test_mpi_job_is_refused_naming_mpi_and_runs_on(slurm_cluster, workdir):
+    pytest.importorskip("mpi4py")
+    (workdir / "mpi.py").write_text(MPI_RANKS)
+    script = workdir / "mpi.sh"
+    script.write_text(f"#!/bin/bash\nsrun --mpi=pmix --ntasks=2 --ntasks-per-node=1 {sys.executable} "
+                      f"{workdir}/mpi.py {workdir}\n")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(workdir / "mpi.out"))
+    logs = [workdir / f"mpi-{r}.txt" for r in (0, 1)]
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), timeout=120, what="both MPI ranks to run",
+                 detail=lambda: (workdir / "mpi.out").read_text())
+        r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "MPI" in lines[0] and "left running" in lines[0], r.stderr
+        n = len(numbers(logs[0]))
+        wait_for(lambda: len(numbers(logs[0])) > n + 5, what="the MPI job to run on")
+        assert slurm_cluster.job(jobid)["JobState"] == "RUNNING"
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)

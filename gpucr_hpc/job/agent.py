@@ -36,7 +36,7 @@ from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
 from gpucr_hpc.job import connections, generations
 from gpucr_hpc.job.connections import Socket
-from gpucr_hpc.job.units import Unit, local_units
+from gpucr_hpc.job.units import Unit, local_units, mpi_process
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import manifest as mf
@@ -127,7 +127,14 @@ def survey(job: dict) -> tuple[Path, list[Unit], list[Socket]]:
     run_dir = site.job_run_dir(job["id"], node)
     os.environ["GPUCR_RUN_DIR"] = str(run_dir)  # where the job's shims have their sockets
     units = local_units(run_dir, node)
-    sockets = [s for u in units for s in connections.unit_sockets(u.name, node, criu_mod.process_tree(u.pid))]
+    sockets = []
+    for u in units:
+        tree = criu_mod.process_tree(u.pid)
+        mpi = mpi_process(tree)
+        if mpi is not None:
+            raise GpucrError(f"{u.name} on {node} is an MPI program (process {mpi} has libmpi loaded): "
+                             f"MPI jobs cannot be checkpointed", "run it without --gpucr=on")
+        sockets += connections.unit_sockets(u.name, node, tree)
     return run_dir, units, sockets
 
 

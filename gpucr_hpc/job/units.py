@@ -78,3 +78,20 @@ def local_units(run_dir: Path, node: str) -> list[Unit]:
             units.append(Unit(f"rank-{rec['step']}.{rec['rank']}", rec["step"], rec["rank"],
                               rec["pid"], node, status))
     return units
+
+
+def mpi_process(tree: list[int]) -> int | None:
+    """A process of the tree that has an MPI library loaded, or None.
+
+    An MPI rank's connections go to its launcher's PMIx server and its peers
+    through MPI's own transports, which CRIU cannot restore: such a unit is
+    refused by name, before its sockets are looked at."""
+    for pid in tree:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        if any(Path(line.split()[-1]).name.startswith("libmpi.so") for line in maps.splitlines()
+               if line.count(" ") >= 5 and "/" in line):
+            return pid
+    return None
