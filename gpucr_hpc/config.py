@@ -153,6 +153,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GPUCR_YIELD_ON_TSTP", "flag", "1",
        "`0`: GPU memory is not yielded on SIGTSTP ([Suspend](user.md#suspend)).",
        "shim"),
+    _s("GPUCR_IO_URING", "flag", "0",
+       "`1`: the program may create io_uring instances, which CRIU cannot checkpoint; by default the "
+       "shim answers that the kernel has none, and libraries such as libuv (PyTorch's TCP store) use epoll.",
+       "shim"),
     _s("GPUCR_TSTP_GRACE_MS", "int", "2000",
        "After how many milliseconds yielding GPU memory on SIGTSTP is reported as late "
        "(Slurm 22.05's gap between SIGTSTP and SIGSTOP).",

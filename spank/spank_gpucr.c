@@ -203,8 +203,8 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	    spank_get_item(sp, S_TASK_ID, &localid) != ESPANK_SUCCESS)
 		task_fail("cannot get the task ids from Slurm");
 	if (gpucr_env_add_shim(sp, site.shim) != 0 ||
-	    gpucr_step_setenv(sp, &site, &step) != 0 || gpucr_env_dumpable(sp) != 0)
-		task_fail("cannot set the task environment (LD_PRELOAD, GPUCR_*, USE_LIBUV)");
+	    gpucr_step_setenv(sp, &site, &step) != 0)
+		task_fail("cannot set the task environment (LD_PRELOAD, GPUCR_*)");
 	snprintf(buf, sizeof(buf), "%u", rank);
 	if (gpucr_setenv(sp, "GPUCR_RANK", buf) != 0)
 		task_fail("cannot set GPUCR_RANK");

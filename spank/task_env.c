@@ -148,23 +148,3 @@ out:
 	free(new);
 	return rc;
 }
-
-/* What a task would otherwise make that CRIU cannot dump, turned off unless the
- * user chose: PyTorch's TCP store on libuv (its default) opens an io_uring. */
-static const char *const dumpable[][2] = {
-	{ "USE_LIBUV", "0" },
-};
-
-int gpucr_env_dumpable(spank_t sp)
-{
-	for (size_t i = 0; i < sizeof(dumpable) / sizeof(dumpable[0]); i++) {
-		spank_err_t rc = spank_setenv(sp, dumpable[i][0], dumpable[i][1], 0);
-
-		if (rc != ESPANK_SUCCESS && rc != ESPANK_ENV_EXISTS) {
-			slurm_error("gpucr: cannot set %s in the task environment: %s",
-				    dumpable[i][0], spank_strerror(rc));
-			return -1;
-		}
-	}
-	return 0;
-}

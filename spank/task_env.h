@@ -23,9 +23,6 @@ int gpucr_setenv(spank_t sp, const char *name, const char *value);
 /* Put the shim first in the task's LD_PRELOAD (exactly once). */
 int gpucr_env_add_shim(spank_t sp, const char *shim);
 
-/* Defaults that keep the task dumpable (USE_LIBUV=0), where the user set none. */
-int gpucr_env_dumpable(spank_t sp);
-
 /* Take the shim out of LD_PRELOAD and drop GPUCR_* (an explicit
  * --gpucr=off step inside a --gpucr=on job). */
 int gpucr_env_remove_shim(spank_t sp, const char *shim);

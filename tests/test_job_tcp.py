@@ -138,7 +138,10 @@ import os, sys, time
 import torch
 import torch.distributed as dist
 out, steps, pace = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: its rendezvous says who is who
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+else:
+    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
 dist.init_process_group("gloo", rank=rank, world_size=world)
 store = dist.distributed_c10d._get_default_store()
 log = open(f"{out}/gloo-{rank}.txt", "a", buffering=1)
@@ -158,17 +161,29 @@ dist.destroy_process_group()
 """
 
 
-def test_gloo_job_keeps_its_connections_through_a_move(slurm_cluster, workdir):
+LAUNCH = {
+    # srun starts the 4 ranks; env:// rendezvous on the first node
+    "srun": "srun --ntasks=4 --ntasks-per-node=2 {python} {workdir}/gloo.py {workdir} {steps} 0.05",
+    # one torchrun agent per node starts 2 ranks each; c10d rendezvous on the first node
+    "torchrun": "srun --ntasks=2 --ntasks-per-node=1 {python} -m torch.distributed.run --nnodes=2 "
+                "--nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT "
+                "--rdzv-id=gpucr-test --max-restarts=0 {workdir}/gloo.py {workdir} {steps} 0.05",
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCH))
+def test_gloo_job_keeps_its_connections_through_a_move(slurm_cluster, workdir, launcher):
     pytest.importorskip("torch")
     steps = 400
     (workdir / "gloo.py").write_text(GLOO)
     port = 21000 + os.getpid() % 10000
     script = workdir / "gloo.sh"
+    launch = LAUNCH[launcher].format(python=sys.executable, workdir=workdir, steps=steps)
     script.write_text(f"""#!/bin/bash
 echo start restart=${{SLURM_RESTART_COUNT:-0}}
 export MASTER_ADDR=$(getent hosts $(scontrol show hostnames $SLURM_JOB_NODELIST | head -1) | awk '{{print $1}}')
 export MASTER_PORT={port} OMP_NUM_THREADS=1 USE_LIBUV=0
-srun --ntasks=4 --ntasks-per-node=2 {sys.executable} {workdir}/gloo.py {workdir} {steps} 0.05
+{launch}
 echo after srun rc=$?
 """)
     out = workdir / "gloo.out"

@@ -99,8 +99,8 @@ class Criu:
         """
         if os.geteuid() != 0:
             if extra:
-                raise GpucrError(f"process {pid} has TCP connections, which only root's checkpoints "
-                                 "can keep so far", "ask an admin to checkpoint the job as root")
+                raise GpucrError(f"process {pid} has TCP connections, which are kept only for jobs of root "
+                                 "so far", "run it without --gpucr=on, or as root")
             from gpucr_hpc.criu import root_helper
             return root_helper.dump(pid, images_dir, work_dir, leave_running=leave_running,
                                     shell_job=shell_job)

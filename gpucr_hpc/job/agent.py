@@ -262,7 +262,7 @@ def run_checkpoint(args) -> int:
     refusal = cut.refusal() if any(s.node == node for s in cut.foreign) or (
         not cut.foreign and cut.refusal() and node == job.get("batch_host")) else None
     if rep["ok"] and refusal:
-        rep = {**failed, "errors": [f"{refusal}; the job was left running"]}
+        rep = {**failed, "errors": [refusal]}
     flows = [netlock.Flow(s.local, s.remote) for pair in cut.between_units for s in pair if s.node == node]
     locked = False
     if rep["ok"] and flows:

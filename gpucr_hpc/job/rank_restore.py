@@ -155,9 +155,17 @@ def main(argv=None) -> int:
         try:
             rank_connections.hold_until_all_back(gen.parent / RANKS_BACK, len(ranks))
         except GpucrError as e:
-            say(f"gpucr: rank {procid}: {e.one_line()}")
-        finally:
+            # Its peers are not all back: let go of the connections, and a packet
+            # would reset them. Ended and held instead; the image stays as it was.
+            end_tree(rep["pid"], rep["_launcher"])
             netlock.unlock(locked)
+            try:
+                give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {e.one_line()}",
+                        f"not every rank of {gen.name} came back", f"fix that, gpucr-hpc restore {jobid} --from N")
+            except GpucrError as held:
+                say(f"gpucr: error: holding job {jobid} failed: {held.one_line()}")
+            return 1
+        netlock.unlock(locked)
     return rep["_launcher"].wait()
 
 
