@@ -182,7 +182,7 @@ def test_gloo_job_keeps_its_connections_through_a_move(slurm_cluster, workdir, l
     script.write_text(f"""#!/bin/bash
 echo start restart=${{SLURM_RESTART_COUNT:-0}}
 export MASTER_ADDR=$(getent hosts $(scontrol show hostnames $SLURM_JOB_NODELIST | head -1) | awk '{{print $1}}')
-export MASTER_PORT={port} OMP_NUM_THREADS=1 USE_LIBUV=0
+export MASTER_PORT={port} OMP_NUM_THREADS=1
 {launch}
 echo after srun rc=$?
 """)

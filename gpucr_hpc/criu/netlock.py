@@ -174,8 +174,8 @@ def _text(addr: str, port: int) -> str:
 
 def _run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
     if os.geteuid() != 0:
-        raise GpucrError("locking TCP connections needs root (CAP_NET_ADMIN)",
-                         "checkpoint jobs whose ranks talk over TCP as root")
+        raise GpucrError("locking TCP connections needs root (CAP_NET_ADMIN); only jobs of root keep "
+                         "their connections so far", "run the job without --gpucr=on, or as root")
     cmd = nft_command() + args
     try:
         # TZ: the expiry is written in UTC, and nft reads dates in its own zone
