@@ -72,6 +72,8 @@ def _s(name, type, default, meaning, read_by, **kw) -> Setting:
 
 # Test faults GPUCR_FAULTS may name: name -> what it does.
 FAULTS = {
+    "rank_not_back": "rank 1 of a restore step never says it is back, so the ranks that hold their "
+                     "connections until all are back time out (tests/test_job_tcp.py)",
     "copy_helper_in_done": "the copy helper says the copies of the first `in` failed, so that a GPU "
                            "test sees the process fall back to its own data path without loss "
                            "(`scripts/shim_gpu_verify.py --helper-fails-copy`)",
@@ -236,6 +238,9 @@ SETTINGS: tuple[Setting, ...] = (
        "Where the srun wrapper of a batch step writes the step's exit status (what a restore writes too).",
        "python", set_by=("srun-wrapper",)),
     # --- tests and scripts only ----------------------------------------------------------------
+    _s("GPUCR_RANKS_BACK_TIMEOUT", "seconds", "300",
+       "How long a restored rank holds its connections to other ranks locked, waiting for every rank "
+       "to be back; after it the job is held with the reason.", "python", set_by=("test",)),
     _s("GPUCR_FAULTS", "text", None,
        "Test faults to make, comma-separated: " + "; ".join(f"`{k}`: {v}" for k, v in FAULTS.items()) + ".",
        "python", set_by=("test",)),

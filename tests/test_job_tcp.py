@@ -229,6 +229,38 @@ echo after srun rc=$?
         slurm_cluster.run("scancel", jobid, check=False)
 
 
+def test_a_rank_that_does_not_come_back_holds_the_job_with_the_image_intact(slurm_cluster, workdir):
+    """The restored ranks keep their connections locked until every rank is back; one never
+    is (a test fault): the others give up after GPUCR_RANKS_BACK_TIMEOUT, and the job is held
+    with the reason, its generation unchanged."""
+    from gpucr_hpc.store.files import tree_digest
+
+    (workdir / "pair.py").write_text(PAIR)
+    port = 22000 + os.getpid() % 10000
+    script = workdir / "pair.sh"
+    script.write_text(f"#!/bin/bash\nsrun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py "
+                      f"{port} {workdir} {WORDS} {PER_TICK} {TICK}\n")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(workdir / "pair.out"),
+                                 "--export=ALL,GPUCR_FAULTS=rank_not_back,GPUCR_RANKS_BACK_TIMEOUT=8")
+    logs = [workdir / f"pair-{r}.txt" for r in (0, 1)]
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to talk")
+        gpucr(slurm_cluster, "preempt", jobid)
+        gen = slurm_cluster.state / "images" / jobid / "gen-1"
+        before = tree_digest(gen)
+        comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
+        wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=180,
+                 what="the job to be held with the reason", detail=lambda: slurm_cluster.restore_log(jobid))
+        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=60)
+        assert "held" in info["Reason"], info
+        assert "not every rank of gen-1 came back" in comment()
+        assert "ranks were restored within 8 s" in slurm_cluster.restore_log(jobid)
+        assert tree_digest(gen) == before, "the failed restore changed the image"
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
 MPI_RANKS = r"""
 import sys, time
 from mpi4py import MPI

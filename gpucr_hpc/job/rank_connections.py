@@ -10,7 +10,8 @@ step that ran), so every task knows where every rank goes without asking:
   shares the namespace, and so does one bound to any address;
 * a rank with connections to other ranks is restored with them locked
   (criu/netlock) and they are let go only once every rank is back: a packet
-  reaching a peer that is not restored yet would reset the connection.
+  reaching a peer that is not restored yet would reset the connection. A
+  rank that is not back in GPUCR_RANKS_BACK_TIMEOUT seconds: the job is held.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.slurm import commands as slurm
 
-HOLD_TIMEOUT_S = 300.0
 POLL_S = 0.1
 
 
@@ -95,7 +95,7 @@ def lock_name(jobid: str, unit: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", f"job{jobid}_{unit['name']}")
 
 
-def hold_until_all_back(back_dir: Path, n_ranks: int, timeout: float = HOLD_TIMEOUT_S) -> None:
+def hold_until_all_back(back_dir: Path, n_ranks: int, timeout: float) -> None:
     """Returns once every rank of the step said it is back (batch_restore.rank_back)."""
     deadline = time.monotonic() + timeout
     while True:

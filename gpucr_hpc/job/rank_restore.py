@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
             if unit["tcp"].get("peers"):  # let go once every rank is back
                 locked = rank_connections.lock_name(jobid, unit)
                 netlock.lock(locked, rank_connections.flows(unit, moved),
-                             expires_s=rank_connections.HOLD_TIMEOUT_S + 600)
+                             expires_s=float(config.value("GPUCR_RANKS_BACK_TIMEOUT")) + 600)
         rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved)
     except (GpucrError, IndexError) as e:
         if locked:
@@ -150,10 +151,12 @@ def main(argv=None) -> int:
             netlock.unlock(locked)
         say(f"gpucr: rank {procid} ended after its restore: {stale}")
         return 1
-    rank_back(gen.parent, procid)  # the batch step lets go of the job's lock once all are
+    if not (procid == 1 and config.fault("rank_not_back")):
+        rank_back(gen.parent, procid)  # the batch step lets go of the job's lock once all are
     if locked:
         try:
-            rank_connections.hold_until_all_back(gen.parent / RANKS_BACK, len(ranks))
+            rank_connections.hold_until_all_back(gen.parent / RANKS_BACK, len(ranks),
+                                                 float(config.value("GPUCR_RANKS_BACK_TIMEOUT")))
         except GpucrError as e:
             # Its peers are not all back: let go of the connections, and a packet
             # would reset them. Ended and held instead; the image stays as it was.
