@@ -72,6 +72,8 @@ def _s(name, type, default, meaning, read_by, **kw) -> Setting:
 
 # Test faults GPUCR_FAULTS may name: name -> what it does.
 FAULTS = {
+    "agent_dies_after_lock": "the node agent of MPI rank 1 is killed once it has locked the job's "
+                             "connections, before its dumps (tests/test_job_tcp.py)",
     "rank_not_back": "rank 1 of a restore step never says it is back, so the ranks that hold their "
                      "connections until all are back time out (tests/test_job_tcp.py)",
     "copy_helper_in_done": "the copy helper says the copies of the first `in` failed, so that a GPU "
@@ -238,6 +240,9 @@ SETTINGS: tuple[Setting, ...] = (
        "Where the srun wrapper of a batch step writes the step's exit status (what a restore writes too).",
        "python", set_by=("srun-wrapper",)),
     # --- tests and scripts only ----------------------------------------------------------------
+    _s("GPUCR_LOCK_LEASE", "seconds", "60",
+       "How long the lock on a job's connections between ranks outlives an agent or a restoring rank "
+       "that died holding it (it is renewed while its holder lives).", "python", set_by=("test",)),
     _s("GPUCR_RANKS_BACK_TIMEOUT", "seconds", "300",
        "How long a restored rank holds its connections to other ranks locked, waiting for every rank "
        "to be back; after it the job is held with the reason.", "python", set_by=("test",)),

@@ -14,6 +14,7 @@ reordered across three cuts.
 """
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -257,6 +258,33 @@ def test_a_rank_that_does_not_come_back_holds_the_job_with_the_image_intact(slur
         assert "not every rank of gen-1 came back" in comment()
         assert "ranks were restored within 8 s" in slurm_cluster.restore_log(jobid)
         assert tree_digest(gen) == before, "the failed restore changed the image"
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_an_agent_killed_during_the_cut_aborts_it_and_the_connection_goes_on(slurm_cluster, workdir):
+    """One node's agent dies holding the lock on the job's connections (a test fault): the
+    checkpoint aborts, the lock lapses (GPUCR_LOCK_LEASE), and the ranks stream on to the end
+    with every word once."""
+    (workdir / "pair.py").write_text(PAIR)
+    port = 23000 + os.getpid() % 10000
+    script = workdir / "pair.sh"
+    script.write_text(f"#!/bin/bash\nsrun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py "
+                      f"{port} {workdir} {WORDS} {PER_TICK} {TICK}\n")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(workdir / "pair.out"))
+    logs = [workdir / f"pair-{r}.txt" for r in (0, 1)]
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to talk")
+        env = dict(slurm_cluster.env, GPUCR_FAULTS="agent_dies_after_lock", GPUCR_LOCK_LEASE="6")
+        r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "checkpoint", jobid], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "left running" in r.stderr
+        assert slurm_cluster.job(jobid)["JobState"] == "RUNNING"
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+        assert info["JobState"] == "COMPLETED", (info, (workdir / "pair.out").read_text())
+        assert logs[0].read_text().splitlines()[-1] == "all words once, in order"
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
 

@@ -197,6 +197,24 @@ def test_a_lock_whose_holder_died_lets_go_at_its_deadline(netns, env, pair):
     assert in_ns(netns, env, "unlock", "job9") is True  # the table stayed, inert
 
 
+def test_a_lease_outlasts_its_length_while_its_holder_lives(netns, env, pair):
+    """Lease(lease_s=1.5) held for 4 s: still locked at 3 s (renewed), gone once released."""
+    code = ("import sys, time\nfrom gpucr_hpc.criu import netlock\n"
+            "with netlock.Lease('job10', [netlock.Flow(sys.argv[1], sys.argv[2])], 1.5):\n"
+            "    print('held', flush=True)\n    time.sleep(4)\n")
+    holder = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "--", sys.executable, "-c", code,
+                               pair.client, pair.server], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        pair.ask("send c 2000")
+        assert pair.ask("recv c 2000 3") == ["0", "True"]  # past 1.5 s: renewed, still locked
+        assert holder.wait(timeout=10) == 0
+        assert in_ns(netns, env, "locked", "job10") == []  # released on exit
+        assert pair.ask("recv c 2000 15") == ["2000", "True"]
+    finally:
+        holder.kill()
+
+
 def test_locking_again_replaces_and_ipv6_reads_back(netns, env):
     v4 = ["10.0.0.1:4242", "10.0.0.2:50000"]
     v6 = ["[fd00:0:0::1]:4242", "[FD00::2]:50000"]

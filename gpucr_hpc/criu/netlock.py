@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
@@ -103,6 +104,36 @@ def _exists(table: str) -> bool:
         raise _error("cannot list the nftables tables", out.stderr)
     return any((item.get("table") or {}).get("name") == table
                for item in json.loads(out.stdout).get("nftables", []))
+
+
+class Lease:
+    """A lock held while its holder lives: renewed every third of `lease_s` by a
+    thread, so it lapses within `lease_s` of the holder's death however long the
+    work it covers takes. As a context manager: locked on entry, unlocked on exit."""
+
+    def __init__(self, name: str, flows: list[Flow], lease_s: float):
+        self.name, self.flows, self.lease_s = name, flows, lease_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Lease:
+        lock(self.name, self.flows, self.lease_s)
+        self._thread = threading.Thread(target=self._renew, daemon=True, name=f"lease-{self.name}")
+        self._thread.start()
+        return self
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                lock(self.name, self.flows, self.lease_s)  # one transaction: never a gap
+            except GpucrError:
+                pass  # the lease runs out, as if its holder had died
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        unlock(self.name)
 
 
 def unlock(name: str) -> bool:

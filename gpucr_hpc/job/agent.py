@@ -26,11 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
+from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
@@ -264,22 +267,20 @@ def run_checkpoint(args) -> int:
     if rep["ok"] and refusal:
         rep = {**failed, "errors": [refusal]}
     flows = [netlock.Flow(s.local, s.remote) for pair in cut.between_units for s in pair if s.node == node]
-    locked = False
+    lease = ExitStack()  # the lock on this node's connections between ranks, while we live
     if rep["ok"] and flows:
         try:
-            netlock.lock(lock_name, flows)
-            locked = True
+            lease.enter_context(netlock.Lease(lock_name, flows, float(config.value("GPUCR_LOCK_LEASE"))))
         except GpucrError as e:
             rep = {**failed, "errors": [e.one_line()]}
-    try:
+        if comm.rank == 1 and config.fault("agent_dies_after_lock"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    with lease:
         if comm.allreduce(1 if rep["ok"] else 0, op=MIN) and not cut.refusal():
             rep = prepare(job, gen_dir, units, run_dir, tcp_plans(units, mine, cut), stay_yielded=args.stay_yielded)
         elif rep["ok"]:
             rep = {**failed, "errors": []}  # another node said why
         return _vote_and_commit(comm, MIN, job, gen_dir, rep)
-    finally:
-        if locked:
-            netlock.unlock(lock_name)
 
 
 def _print_reports(reports: list[dict], result: dict) -> None:

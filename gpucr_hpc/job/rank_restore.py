@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from gpucr_hpc import config
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
     procid = int(os.environ["SLURM_PROCID"])
     jobid = os.environ["SLURM_JOB_ID"]
     signals = StepSignals()
-    locked: str | None = None  # the lock that holds the rank's connections until all are back
+    lease = ExitStack()  # the lock on the rank's connections, until every rank is back
+    held = False  # the lease is taken
     open_log(gen.parent)
     stale = superseded(jobid)
     if stale:
@@ -117,13 +119,13 @@ def main(argv=None) -> int:
         if unit.get("tcp"):
             moved = rank_connections.moves(unit, ranks, rank_connections.step_nodes(len(ranks)))
             if unit["tcp"].get("peers"):  # let go once every rank is back
-                locked = rank_connections.lock_name(jobid, unit)
-                netlock.lock(locked, rank_connections.flows(unit, moved),
-                             expires_s=float(config.value("GPUCR_RANKS_BACK_TIMEOUT")) + 600)
+                lease.enter_context(netlock.Lease(rank_connections.lock_name(jobid, unit),
+                                                  rank_connections.flows(unit, moved),
+                                                  float(config.value("GPUCR_LOCK_LEASE"))))
+                held = True
         rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved)
     except (GpucrError, IndexError) as e:
-        if locked:
-            netlock.unlock(locked)
+        lease.close()
         msg = e.one_line() if isinstance(e, GpucrError) else f"no rank {procid} in {gen}"
         # Not a failed step after which the script would run on without the ranks'
         # work: the job is requeued and held, the image kept, as for the script's tree.
@@ -140,20 +142,19 @@ def main(argv=None) -> int:
                            f"fix that, then gpucr-hpc restore {jobid} --from N",
                     f"rank {procid} of {gen.name} did not restore on {node}",
                     f"fix that, gpucr-hpc restore {jobid} --from N")
-        except GpucrError as held:
-            say(f"gpucr: error: holding job {jobid} failed: {held.one_line()}")
+        except GpucrError as hold:
+            say(f"gpucr: error: holding job {jobid} failed: {hold.one_line()}")
         return 1
     # Requeued or ended while CRIU ran: the rank got no signal, and will get none.
     stale = "Slurm ended the step while the rank was restored" if signals.ended else superseded(jobid)
     if stale:
         end_tree(rep["pid"], rep["_launcher"])
-        if locked:
-            netlock.unlock(locked)
+        lease.close()
         say(f"gpucr: rank {procid} ended after its restore: {stale}")
         return 1
     if not (procid == 1 and config.fault("rank_not_back")):
         rank_back(gen.parent, procid)  # the batch step lets go of the job's lock once all are
-    if locked:
+    if held:
         try:
             rank_connections.hold_until_all_back(gen.parent / RANKS_BACK, len(ranks),
                                                  float(config.value("GPUCR_RANKS_BACK_TIMEOUT")))
@@ -161,14 +162,14 @@ def main(argv=None) -> int:
             # Its peers are not all back: let go of the connections, and a packet
             # would reset them. Ended and held instead; the image stays as it was.
             end_tree(rep["pid"], rep["_launcher"])
-            netlock.unlock(locked)
+            lease.close()
             try:
                 give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {e.one_line()}",
                         f"not every rank of {gen.name} came back", f"fix that, gpucr-hpc restore {jobid} --from N")
-            except GpucrError as held:
-                say(f"gpucr: error: holding job {jobid} failed: {held.one_line()}")
+            except GpucrError as hold:
+                say(f"gpucr: error: holding job {jobid} failed: {hold.one_line()}")
             return 1
-        netlock.unlock(locked)
+        lease.close()
     return rep["_launcher"].wait()
 
 
