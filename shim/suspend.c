@@ -151,15 +151,21 @@ static void restore_now(void)
 /* Whether a SIGCONT came since gen0. The kernel continues the process when
  * SIGCONT is sent, but our handler runs only once some thread takes it: until
  * then it is pending, and a yield that ends meanwhile must not stop again
- * (nothing would continue it). */
+ * (nothing would continue it). A thread may also have taken it and not yet run
+ * the handler (it was descheduled in between): give such a handler a moment. */
+#define RESUME_SETTLE_US 50000
 static int resumed_since(sig_atomic_t gen0)
 {
-    sigset_t pending;
-    if (cont_gen != gen0)
-        return 1;
-    if (sigpending(&pending) != 0 || !sigismember(&pending, SIGCONT))
-        return cont_gen != gen0; /* taken between the two looks */
-    return 1;
+    for (int waited = 0;; waited += 1000) {
+        sigset_t pending;
+        if (cont_gen != gen0)
+            return 1;
+        if (sigpending(&pending) == 0 && sigismember(&pending, SIGCONT))
+            return 1;
+        if (waited >= RESUME_SETTLE_US)
+            return 0;
+        usleep(1000);
+    }
 }
 
 static void do_yield(void)
