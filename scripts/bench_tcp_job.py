@@ -312,6 +312,8 @@ def one_run(cluster: Cluster, variant: str, index: int, args, workdir: Path) -> 
                      or not cluster.job(jobid), 60, f"job {jobid} to end")
         except BenchError as e:
             rec.setdefault("warnings", []).append(str(e))
+        if not args.keep_images:  # about 1.7 GB a run (two generations)
+            shutil.rmtree(cluster.state / "images" / jobid, ignore_errors=True)
     return rec
 
 
@@ -391,6 +393,8 @@ def main(argv=None) -> int:
                    help="do not drain the job's first node before the preempt (it may restore in place)")
     p.add_argument("--variant", choices=VARIANTS, action="append",
                    help="run only this variant (repeatable; default both, alternating)")
+    p.add_argument("--keep-images", action="store_true",
+                   help="keep each job's generations in the cluster's image root (default: removed)")
     p.add_argument("--out", type=Path, help="JSON (default bench/results/tcp-job-<date>.json)")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
