@@ -303,6 +303,15 @@ def one_run(cluster: Cluster, variant: str, index: int, args, workdir: Path) -> 
         }
         steps = [[s for s, _ in steps_of(p)] for p in logs]
         rec["steps_in_order"] = all(s == list(range(len(s))) for s in steps)
+    except (BenchError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+        # what a failed run needs to be understood, before its images go
+        j = cluster.job(jobid)
+        rec.update({"error": str(e), "job_state": {k: j.get(k) for k in ("JobState", "Reason", "Restarts", "NodeList")},
+                    "restore_log_all": restore_log_lines(cluster, jobid, 0)[0],
+                    "job_out": (rundir / "job.out").read_text(errors="replace")[-4000:]
+                    if (rundir / "job.out").exists() else None,
+                    "rank_tails": [p.read_text(errors="replace").splitlines()[-3:] if p.exists() else None
+                                   for p in logs]})
     finally:
         if drained:
             cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
@@ -434,9 +443,9 @@ def main(argv=None) -> int:
                 t0 = time.monotonic()
                 try:
                     rec = one_run(cluster, variant, index, args, tmp)
-                except (BenchError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+                except BenchError as e:  # sbatch failed: no job
                     rec = {"variant": variant, "index": index, "error": str(e)}
-                    rc = 1
+                rc |= "error" in rec
                 rec["run_s"] = round(time.monotonic() - t0, 2)
                 doc["runs"].append(rec)
                 print(f"run {index} {variant}: " + (f"error: {rec['error']}" if "error" in rec else
@@ -451,6 +460,7 @@ def main(argv=None) -> int:
         if started_it:
             subprocess.run([str(TESTCLUSTER), "down"], capture_output=True, timeout=180, env=env)
         shutil.rmtree(tmp, ignore_errors=True)
+    doc["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     doc["load_end"] = os.getloadavg()
     doc["summary"] = summarize(doc["runs"])
     print_table(doc["summary"])
