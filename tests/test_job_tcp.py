@@ -76,6 +76,17 @@ else:
 """
 
 
+def submit_pair(cluster, workdir, port: int, *sbatch_args) -> tuple[str, list]:
+    """The TCP pair job (rank 0 on one node reads, rank 1 on another streams): its id and logs."""
+    (workdir / "pair.py").write_text(PAIR)
+    script = workdir / "pair.sh"
+    script.write_text(f"#!/bin/bash\necho start restart=${{SLURM_RESTART_COUNT:-0}}\n"
+                      f"srun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py {port} {workdir} "
+                      f"{WORDS} {PER_TICK} {TICK}\necho after srun rc=$?\n")
+    jobid = cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(workdir / "pair.out"), *sbatch_args)
+    return jobid, [workdir / f"pair-{r}.txt" for r in (0, 1)]
+
+
 def numbers(path) -> list[int]:
     """The counts a rank logged (its last line may say how it ended)."""
     return [int(x) for x in path.read_text().split("\n") if x.isdigit()] if path.exists() else []
@@ -93,15 +104,8 @@ def _restored(cluster, jobid, restarts, logs):
 
 
 def test_ranks_connected_across_nodes_move_with_their_connection(slurm_cluster, workdir):
-    (workdir / "pair.py").write_text(PAIR)
-    port = 20000 + os.getpid() % 10000
-    script = workdir / "pair.sh"
-    script.write_text(f"#!/bin/bash\necho start restart=${{SLURM_RESTART_COUNT:-0}}\n"
-                      f"srun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py {port} {workdir} "
-                      f"{WORDS} {PER_TICK} {TICK}\necho after srun rc=$?\n")
+    jobid, logs = submit_pair(slurm_cluster, workdir, 20000 + os.getpid() % 10000)
     out = workdir / "pair.out"
-    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(out))
-    logs = [workdir / f"pair-{r}.txt" for r in (0, 1)]
     drained = None
     try:
         slurm_cluster.wait_state(jobid, "RUNNING")
@@ -236,14 +240,8 @@ def test_a_rank_that_does_not_come_back_holds_the_job_with_the_image_intact(slur
     with the reason, its generation unchanged."""
     from gpucr_hpc.store.files import tree_digest
 
-    (workdir / "pair.py").write_text(PAIR)
-    port = 22000 + os.getpid() % 10000
-    script = workdir / "pair.sh"
-    script.write_text(f"#!/bin/bash\nsrun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py "
-                      f"{port} {workdir} {WORDS} {PER_TICK} {TICK}\n")
-    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(workdir / "pair.out"),
-                                 "--export=ALL,GPUCR_FAULTS=rank_not_back,GPUCR_RANKS_BACK_TIMEOUT=8")
-    logs = [workdir / f"pair-{r}.txt" for r in (0, 1)]
+    jobid, logs = submit_pair(slurm_cluster, workdir, 22000 + os.getpid() % 10000,
+                              "--export=ALL,GPUCR_FAULTS=rank_not_back,GPUCR_RANKS_BACK_TIMEOUT=8")
     try:
         slurm_cluster.wait_state(jobid, "RUNNING")
         wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to talk")
@@ -266,13 +264,7 @@ def test_an_agent_killed_during_the_cut_aborts_it_and_the_connection_goes_on(slu
     """One node's agent dies holding the lock on the job's connections (a test fault): the
     checkpoint aborts, the lock lapses (GPUCR_LOCK_LEASE), and the ranks stream on to the end
     with every word once."""
-    (workdir / "pair.py").write_text(PAIR)
-    port = 23000 + os.getpid() % 10000
-    script = workdir / "pair.sh"
-    script.write_text(f"#!/bin/bash\nsrun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py "
-                      f"{port} {workdir} {WORDS} {PER_TICK} {TICK}\n")
-    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(workdir / "pair.out"))
-    logs = [workdir / f"pair-{r}.txt" for r in (0, 1)]
+    jobid, logs = submit_pair(slurm_cluster, workdir, 23000 + os.getpid() % 10000)
     try:
         slurm_cluster.wait_state(jobid, "RUNNING")
         wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to talk")
