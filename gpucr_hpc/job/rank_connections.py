@@ -70,10 +70,9 @@ def moves(unit: dict, ranks: list[dict], nodes: list[str]) -> dict[str, str]:
     tcp = unit.get("tcp") or {}
     where = {r["name"]: nodes[i] for i, r in enumerate(ranks)}
     moved: dict[str, str] = {}
-    mine = _address(where[unit["name"]])
     for end in tcp.get("ends", []):
-        if not _stays(end):
-            moved[end] = mine
+        if not _stays(end):  # names are resolved only where an end moves
+            moved[end] = _address(where[unit["name"]])
     for remote, peer in (tcp.get("peers") or {}).items():
         if not _stays(remote) and peer in where:
             moved[remote] = _address(where[peer])
