@@ -281,6 +281,42 @@ def test_an_agent_killed_during_the_cut_aborts_it_and_the_connection_goes_on(slu
         slurm_cluster.run("scancel", jobid, check=False)
 
 
+def test_a_node_that_fails_during_the_restore_restores_the_pair_again_elsewhere(slurm_cluster, workdir):
+    """The node a preempted pair job is being restored on fails (set DOWN) while its ranks'
+    restore step starts: Slurm requeues the job again, it is restored on other nodes from the
+    same, untouched image, and rank 0 still reads every word once."""
+    from gpucr_hpc.store.files import tree_digest
+
+    jobid, logs = submit_pair(slurm_cluster, workdir, 24000 + os.getpid() % 10000)
+    failed = None
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to talk")
+        gpucr(slurm_cluster, "preempt", jobid)
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", what="the requeue")
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=60)
+        failed = _nodes(slurm_cluster, jobid)[-1]  # rank 1's node
+        image = tree_digest(slurm_cluster.state / "images" / jobid / "gen-1")
+        wait_for(lambda: f"{jobid}.0" in slurm_cluster.run("squeue", "-h", "-s", "-j", jobid, "-o", "%i",
+                                                           check=False).stdout,
+                 timeout=30, what="the ranks' restore step")
+        for state in ("DRAIN", "DOWN"):  # DRAIN first: a DOWN node alone comes back as its slurmd registers
+            slurm_cluster.run("scontrol", "update", f"NodeName={failed}", f"State={state}",
+                              "Reason=gpucr-test-node-failure")
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "2", timeout=90,
+                 what="the job to be requeued after the node failure")
+        slurm_cluster.wait_state(jobid, "RUNNING", timeout=90)
+        assert failed not in _nodes(slurm_cluster, jobid)
+        assert tree_digest(slurm_cluster.state / "images" / jobid / "gen-1") == image
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+        assert info["JobState"] == "COMPLETED", (info, slurm_cluster.restore_log(jobid))
+        assert logs[0].read_text().splitlines()[-1] == "all words once, in order"
+    finally:
+        if failed:
+            slurm_cluster.run("scontrol", "update", f"NodeName={failed}", "State=RESUME", check=False)
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
 MPI_RANKS = r"""
 import sys, time
 from mpi4py import MPI
