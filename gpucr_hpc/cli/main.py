@@ -33,6 +33,10 @@ cli.add_command(cmd_job.suspend)
 cli.add_command(cmd_job.resume)
 cli.add_command(cmd_job.ls)
 
+from gpucr_hpc.cli import doctor as cmd_doctor  # noqa: E402
+
+cli.add_command(cmd_doctor.doctor)
+
 
 def main():
     if config.value("GPUCR_BATCH_SUPERVISE"):

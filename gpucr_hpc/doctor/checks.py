@@ -1,0 +1,248 @@
+"""What a node needs for gpucr-hpc, checked one thing at a time.
+
+Each check returns a Check: ok (True), a failure with the fix (False), or not
+applicable here (None, with the reason: no GPU on a CPU node, a step that
+needs root). `gpucr-hpc doctor` prints one line per check and fails on any
+failure; the same checks run on every node of a partition through Slurm.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import stat
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from gpucr_hpc.errors import GpucrError
+
+KEY_FILE = Path("/etc/gpucr-hpc/image.key")
+SUDOERS = Path("/etc/sudoers.d/gpucr-hpc")
+TCP_KERNEL = (6, 16)  # from this Linux on, CRIU 4.1 cannot dump a network socket
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool | None  # None: does not apply here (detail says why)
+    detail: str
+    fix: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _kernel() -> tuple[int, ...]:
+    return tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2] if x.isdigit())
+
+
+def criu_version() -> Check:
+    from gpucr_hpc.criu import run as criu_mod
+
+    try:
+        c = criu_mod.find_criu()
+    except GpucrError as e:
+        return Check("criu", False, e.cause, e.fix)
+    if c.version[:2] < (4, 2) and _kernel() >= TCP_KERNEL:
+        return Check("criu", False, f"CRIU {c.version_str} at {c.path} cannot dump a network socket on "
+                     f"Linux {platform.release()}", "run scripts/install-deps (as root): it installs CRIU 4.2")
+    return Check("criu", True, f"CRIU {c.version_str} at {c.path}")
+
+
+def criu_dumps_here() -> Check:
+    """A real process, dumped and restored with this node's CRIU."""
+    from gpucr_hpc.criu import run as criu_mod
+
+    if os.geteuid() != 0:
+        return Check("criu dump/restore", None, "needs root (ordinary users go through the root helper)")
+    try:
+        c = criu_mod.find_criu()
+    except GpucrError as e:
+        return Check("criu dump/restore", False, e.cause, e.fix)
+    with tempfile.TemporaryDirectory(prefix="gpucr-doctor-") as tmp:
+        images, work = Path(tmp, "images"), Path(tmp, "work")
+        images.mkdir()
+        work.mkdir()
+        p = subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            c.dump(p.pid, images, work, leave_running=False, shell_job=False)
+            p.wait(timeout=30)
+            restored = c.start_restore(images, work, shell_job=False, new_pidns=True)
+            criu_mod.end_tree(restored.host_pid, restored.launcher)
+        except (GpucrError, subprocess.TimeoutExpired) as e:
+            cause = e.cause if isinstance(e, GpucrError) else "the dumped process did not end"
+            return Check("criu dump/restore", False, cause, f"see the CRIU logs in {work}")
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return Check("criu dump/restore", True, "a test process was dumped and restored")
+
+
+def nft() -> Check:
+    from gpucr_hpc.criu import netlock
+
+    try:
+        cmd = netlock.nft_command()
+        out = subprocess.run(cmd + ["--version"], capture_output=True, text=True, timeout=30)
+    except (GpucrError, OSError, subprocess.TimeoutExpired) as e:
+        return Check("nft", False, getattr(e, "cause", str(e)), netlock.INSTALL_FIX)
+    if out.returncode != 0:
+        return Check("nft", False, f"{cmd[0]} --version failed: {out.stderr.strip()[:200]}", netlock.INSTALL_FIX)
+    return Check("nft", True, f"{out.stdout.strip()} ({cmd[0]}): jobs whose ranks talk over TCP can be locked")
+
+
+def pycriu() -> Check:
+    from gpucr_hpc.criu import tcp
+
+    try:
+        tcp._pycriu()
+    except GpucrError as e:
+        return Check("pycriu", False, e.cause, e.fix)
+    return Check("pycriu", True, "CRIU's image module loads: TCP ends can move at a restore")
+
+
+def plugin() -> tuple[Check, object | None]:
+    from gpucr_hpc.slurm import site as site_mod
+
+    try:
+        site = site_mod.load_site()
+        site_mod.require_plugin(site)
+    except GpucrError as e:
+        return Check("plugin", False, e.cause, e.fix), None
+    return Check("plugin", True, f"plugstack line parsed ({site.plugstack})"), site
+
+
+def _world_readable(path: Path, executable: bool) -> str | None:
+    """Why an ordinary user cannot reach `path` (every directory above it must let
+    others through), or None."""
+    want = stat.S_IROTH | (stat.S_IXOTH if executable else 0)
+    try:
+        real = path.resolve(strict=True)
+    except OSError as e:
+        return f"{path}: {e.strerror}"
+    for d in [*reversed(real.parents)]:
+        if not os.stat(d).st_mode & stat.S_IXOTH:
+            return f"{d} does not let other users through (mode {stat.filemode(os.stat(d).st_mode)})"
+    if os.stat(real).st_mode & want != want:
+        return f"{real} is mode {stat.filemode(os.stat(real).st_mode)}"
+    return None
+
+
+def installed_files(site) -> list[Check]:
+    """The shim every task loads and the `cli=` every job runs, as an ordinary user sees them."""
+    out = []
+    for name, path, exe, fix in (
+            ("shim", Path(site.shim), False, "make install; every user's tasks load it (LD_PRELOAD)"),
+            ("cli", Path(site.cli), True, "install gpucr-hpc where every user can run it (not under a "
+                                          "0700 home): jobs run it at start and at their restore")):
+        why = _world_readable(path, exe)
+        out.append(Check(name, why is None, why or f"{path} reachable by every user", "" if why is None else fix))
+    return out
+
+
+def root_helper() -> Check:
+    from gpucr_hpc.criu import root_helper as rh
+
+    path = Path(rh.helper_path())
+    if not path.exists():
+        return Check("root helper", False, f"{path} is not installed",
+                     "run scripts/install-helper (as root): ordinary users' checkpoints need it")
+    st = path.stat()
+    if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return Check("root helper", False, f"{path} is not root's alone (mode {stat.filemode(st.st_mode)})",
+                     "run scripts/install-helper (as root) again")
+    if not SUDOERS.exists():
+        return Check("root helper", False, f"no sudo rule ({SUDOERS})", "run scripts/install-helper (as root)")
+    return Check("root helper", True, f"{path} and its sudo rule")
+
+
+def node_key() -> Check:
+    try:
+        st = KEY_FILE.stat()
+        digest = hashlib.sha256(KEY_FILE.read_bytes()).hexdigest()[:16]
+    except PermissionError:
+        return Check("node key", None, f"{KEY_FILE} is readable by root only (as it should be)")
+    except OSError as e:
+        return Check("node key", False, f"{KEY_FILE}: {e.strerror}",
+                     "run scripts/install-helper (as root), then copy the key to every node")
+    if st.st_uid != 0 or st.st_mode & 0o077:
+        return Check("node key", False, f"{KEY_FILE} is mode {stat.filemode(st.st_mode)}, owner uid {st.st_uid}",
+                     f"chown root {KEY_FILE}; chmod 0600 {KEY_FILE}")
+    return Check("node key", True, f"fingerprint {digest} (the same on every node)")
+
+
+def image_root(site) -> Check:
+    root = Path(site.imageroot)
+    try:
+        st = root.stat()
+    except OSError as e:
+        return Check("image root", False, f"{root}: {e.strerror}",
+                     f"mkdir -m 0755 {root} (owned by root, on a file system every node shares)")
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != 0 or mode & 0o022 and mode != 0o1777:
+        return Check("image root", False, f"{root} is mode {mode:04o}, owner uid {st.st_uid}",
+                     f"chown root {root}; chmod 0755 {root}")
+    free = shutil.disk_usage(root).free
+    note = " (1777: another user can make a job's directory before the job; 0755 is safer)" if mode == 0o1777 else ""
+    return Check("image root", True, f"{root}, mode {mode:04o}, {free / 2**30:.1f} GiB free{note}")
+
+
+def arena(site) -> Check:
+    path = Path(site.arena)
+    if not path.is_dir():
+        return Check("arena", False, f"{path} is not a directory", "give plugstack arena= a tmpfs or hugetlbfs")
+    free = shutil.disk_usage(path).free
+    huge = {}
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k in ("HugePages_Free", "Hugepagesize"):
+                huge[k] = int(v.split()[0])
+    except OSError:
+        pass
+    pages = (f", {huge.get('HugePages_Free', 0)} huge pages of {huge.get('Hugepagesize', 0)} kB free"
+             if huge else "")
+    return Check("arena", True, f"{path}: {free / 2**30:.1f} GiB free{pages}")
+
+
+def gpu(site) -> Check:
+    if not shutil.which("nvidia-smi"):
+        return Check("gpu", None, "no nvidia-smi: a CPU node")
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0 or not out.stdout.strip():
+        return Check("gpu", False, f"nvidia-smi failed: {out.stderr.strip()[:200]}", "check the NVIDIA driver")
+    names = sorted({ln.split(",")[0].strip() for ln in out.stdout.strip().splitlines()})
+    driver = out.stdout.split(",")[1].strip()
+    try:
+        import cuda.bindings as cb
+
+        bindings = f", cuda-python {cb.__version__}"
+    except ImportError:
+        bindings = ", no cuda-python (the driver-only path needs it: pip install gpucr-hpc[nvidia])"
+    return Check("gpu", True, f"{', '.join(names)}, driver {driver}{bindings}")
+
+
+def run_all() -> list[Check]:
+    plug, site = plugin()
+    checks: list[Callable[[], Check | list[Check]]] = [
+        criu_version, criu_dumps_here, pycriu, nft, lambda: plug, root_helper, node_key]
+    if site is not None:
+        checks += [lambda: installed_files(site), lambda: image_root(site), lambda: arena(site),
+                   lambda: gpu(site)]
+    out: list[Check] = []
+    for c in checks:
+        try:
+            got = c()
+        except Exception as e:  # noqa: BLE001 - a check that breaks is a failure to report, not a crash
+            got = Check(getattr(c, "__name__", "check"), False, f"{type(e).__name__}: {e}",
+                        "report it with this line")
+        out += got if isinstance(got, list) else [got]
+    return out

@@ -1,0 +1,91 @@
+"""`gpucr-hpc doctor`: one line per check, FAIL with its fix, exit 1 on any FAIL.
+
+Real checks on this machine (its CRIU, its install); the failures are made
+real too: a CRIU that is not one, a `cli=` under a directory others cannot
+enter, a plugstack without our line, nodes with different keys.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from gpucr_hpc.doctor import checks, nodes
+from gpucr_hpc.slurm.site import Site
+
+
+def doctor(*args, **env):
+    return subprocess.run([sys.executable, "-m", "gpucr_hpc", "doctor", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+
+
+def test_every_check_is_one_line_and_a_failure_exits_1_with_the_fix(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\n")  # no plugstack line of ours
+    r = doctor(SLURM_CONF=str(conf), GPUCR_CRIU="/bin/true")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 1
+    assert all(": ok " in ln or ": FAIL " in ln or ": skip " in ln for ln in lines), lines
+    criu = next(ln for ln in lines if " criu: " in ln)
+    assert "FAIL" in criu and "install-deps" in criu  # the fix is on the line
+    assert any("FAIL plugin:" in ln and "plugstack" in ln for ln in lines)
+    assert len(r.stderr.strip().splitlines()) == 1 and "check(s) failed" in r.stderr
+
+
+def test_json_is_one_object_per_node(tmp_path):
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\n")
+    r = doctor("--json", SLURM_CONF=str(conf))
+    rep = json.loads(r.stdout.splitlines()[0])
+    assert rep["node"] and {c["name"] for c in rep["checks"]} >= {"criu", "plugin", "nft", "pycriu"}
+    assert all(set(c) == {"name", "ok", "detail", "fix"} for c in rep["checks"])
+
+
+@pytest.fixture
+def open_dir():
+    """A directory every user can enter (pytest's own tmp dirs are 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="gpucr-doctor-test-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_cli_no_ordinary_user_can_reach_fails_naming_the_directory(open_dir):
+    tmp_path = open_dir
+    home = tmp_path / "home"
+    (home / "venv" / "bin").mkdir(parents=True)
+    cli = home / "venv" / "bin" / "gpucr-hpc"
+    cli.write_text("#!/bin/sh\n")
+    cli.chmod(0o755)
+    shim = tmp_path / "libgpucr-cuda.so"
+    shim.write_text("")
+    shim.chmod(0o644)
+    home.chmod(0o700)  # a venv under a 0700 home: jobs of other users cannot exec it
+    got = {c.name: c for c in checks.installed_files(Site(plugstack=None, shim=str(shim), cli=str(cli)))}
+    assert got["shim"].ok is True
+    assert got["cli"].ok is False and str(home) in got["cli"].detail and "0700" in got["cli"].fix
+    home.chmod(0o755)
+    got = {c.name: c for c in checks.installed_files(Site(plugstack=None, shim=str(shim), cli=str(cli)))}
+    assert got["cli"].ok is True
+
+
+def test_nodes_with_different_keys_are_one_failure():
+    def rep(node, fp):
+        return {"node": node, "checks": [{"name": "node key", "ok": True, "detail": f"fingerprint {fp} (...)",
+                                          "fix": ""}]}
+    assert nodes.key_mismatch([rep("n1", "aa"), rep("n2", "aa")]) is None
+    bad = nodes.key_mismatch([rep("n1", "aa"), rep("n2", "bb")])
+    assert bad is not None and bad.ok is False and "n1 aa, n2 bb" in bad.detail and "image.key" in bad.fix
+
+
+def test_an_image_root_others_can_write_fails(tmp_path):
+    root = tmp_path / "images"
+    root.mkdir()
+    root.chmod(0o777)
+    c = checks.image_root(Site(plugstack=None, imageroot=str(root)))
+    assert c.ok is False and "0777" in c.detail and "chmod 0755" in c.fix
