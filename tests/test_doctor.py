@@ -89,3 +89,12 @@ def test_an_image_root_others_can_write_fails(tmp_path):
     root.chmod(0o777)
     c = checks.image_root(Site(plugstack=None, imageroot=str(root)))
     assert c.ok is False and "0777" in c.detail and "chmod 0755" in c.fix
+
+
+def test_a_gpu_node_without_the_sites_gpu_feature_fails():
+    site = ["gpu_h100", "gpu_a100"]
+    ok = checks.gpu_features(["NVIDIA H100 80GB HBM3"], "n1", {"gpu_h100", "ib"}, site)
+    assert ok.ok is True and "gpu_h100" in ok.detail
+    bad = checks.gpu_features(["NVIDIA H200"], "n2", {"ib"}, site)
+    assert bad.ok is False and "n2 has NVIDIA H200" in bad.detail and "Features=" in bad.fix
+    assert checks.gpu_features(["NVIDIA H200"], "n2", set(), []).ok is None

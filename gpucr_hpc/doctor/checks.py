@@ -212,7 +212,7 @@ def arena(site) -> Check:
     return Check("arena", True, f"{path}: {free / 2**30:.1f} GiB free{pages}")
 
 
-def gpu(site) -> Check:
+def gpu() -> Check:
     if not shutil.which("nvidia-smi"):
         return Check("gpu", None, "no nvidia-smi: a CPU node")
     out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
@@ -230,13 +230,44 @@ def gpu(site) -> Check:
     return Check("gpu", True, f"{', '.join(names)}, driver {driver}{bindings}")
 
 
+def gpu_features(models: list[str], node: str, node_feats: set[str], site_feats: list[str]) -> Check:
+    """A GPU node must carry one of the site's GPU features (plugstack gpu_feature=):
+    a requeued job is steered to nodes with the features of the nodes it ran on,
+    and a node with none of them takes any GPU job, whatever model its image needs."""
+    if not site_feats:
+        return Check("gpu feature", None, "plugstack gpu_feature= is not set: requeued jobs are not steered")
+    have = sorted(node_feats & set(site_feats))
+    if not have:
+        return Check("gpu feature", False, f"{node} has {', '.join(models)} but none of the features of "
+                     f"gpu_feature= ({', '.join(site_feats)})",
+                     f"add the feature for its model to {node}'s Features= in slurm.conf")
+    return Check("gpu feature", True, f"{node}: {', '.join(have)} for {', '.join(models)}")
+
+
+def gpu_feature(site) -> Check:
+    from gpucr_hpc.gpu import steer
+    from gpucr_hpc.slurm.site import node_name
+
+    if not shutil.which("nvidia-smi"):
+        return Check("gpu feature", None, "no nvidia-smi: a CPU node")
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=60)
+    models = sorted({ln.strip() for ln in out.stdout.splitlines() if ln.strip()})
+    site_feats = [f for f in site.gpu_feature.split(",") if f]
+    try:
+        feats = steer.node_features(node_name())
+    except GpucrError as e:
+        return Check("gpu feature", None, f"Slurm does not answer here: {e.cause}")
+    return gpu_features(models, node_name(), feats, site_feats)
+
+
 def run_all() -> list[Check]:
     plug, site = plugin()
     checks: list[Callable[[], Check | list[Check]]] = [
-        criu_version, criu_dumps_here, pycriu, nft, lambda: plug, root_helper, node_key]
-    if site is not None:
+        criu_version, criu_dumps_here, pycriu, nft, lambda: plug, root_helper, node_key, gpu]
+    if site is not None:  # what the plugstack line names
         checks += [lambda: installed_files(site), lambda: image_root(site), lambda: arena(site),
-                   lambda: gpu(site)]
+                   lambda: gpu_feature(site)]
     out: list[Check] = []
     for c in checks:
         try:
