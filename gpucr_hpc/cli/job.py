@@ -16,7 +16,7 @@ from rich.table import Table
 from gpucr_hpc import units
 from gpucr_hpc.cli import output
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import coordinator, generations
+from gpucr_hpc.job import coordinator, generations, retention
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.slurm.site import load_site
 from gpucr_hpc.store import manifest as mf
@@ -178,6 +178,36 @@ def ls(jobid, as_json):
     t = output.table("gpucr-hpc checkpoints", ("job", "generation", "state", "size", "nodes", "units", "created"))
     for r in rows:
         t.add_row(r["job"], *generation_cells(r))
+    output.console().print(t)
+
+
+@click.command()
+@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
+@click.option("--keep", type=click.IntRange(min=1), default=generations.KEEP_COMMITTED, show_default=True,
+              help="Committed generations to keep per job (the newest; never fewer than a restore needs).")
+@click.option("--ended", is_flag=True,
+              help="Also remove whole jobs that Slurm reports COMPLETED or CANCELLED.")
+@click.option("--dry-run", is_flag=True, help="Say what would go; remove nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the actions as JSON.")
+def prune(jobid, keep, ended, dry_run, as_json):
+    """Remove old checkpoints from the image store: generations beyond the newest
+    --keep of each job (yours; root: everyone's), ones whose checkpoint died, and
+    with --ended the jobs that will not be restored. Never the generation a pending
+    or held restore reads, nor a job a command is acting on."""
+    root = Path(load_site().imageroot)
+    dirs = retention.job_dirs(root, jobid)
+    states = retention.job_states() if ended else None
+    actions = [a.as_dict() for d in dirs for a in retention.prune_job(d, keep, states, dry_run)]
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, "actions": actions}, indent=2))
+        return
+    if not actions:
+        click.echo("nothing to prune")
+        return
+    t = output.table("gpucr-hpc prune" + (" (dry run: nothing removed)" if dry_run else ""),
+                     ("job", "generation", "action", "why"))
+    for a in actions:
+        t.add_row(a["job"], a["generation"] or "(whole job)", a["action"], a["why"])
     output.console().print(t)
 
 

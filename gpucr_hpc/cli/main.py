@@ -32,6 +32,7 @@ cli.add_command(cmd_job.preempt)
 cli.add_command(cmd_job.suspend)
 cli.add_command(cmd_job.resume)
 cli.add_command(cmd_job.ls)
+cli.add_command(cmd_job.prune)
 
 from gpucr_hpc.cli import doctor as cmd_doctor  # noqa: E402
 
