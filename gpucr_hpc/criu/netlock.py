@@ -22,7 +22,6 @@ helper yet, so connections between ranks are locked for root's jobs only.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import re
@@ -32,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpucr_hpc import config
+from gpucr_hpc import config, tcp_end
 from gpucr_hpc.errors import GpucrError
 
 DEFAULT_PREFIX = "/opt/gpucr-hpc"
@@ -167,7 +166,7 @@ def locked(name: str) -> list[Flow]:
             payload = match and match.get("left", {}).get("payload")
             if payload:
                 seen[payload["field"]] = match["right"]
-        flows.append(Flow(_text(seen["saddr"], seen["sport"]), _text(seen["daddr"], seen["dport"])))
+        flows.append(Flow(tcp_end.text(seen["saddr"], seen["sport"]), tcp_end.text(seen["daddr"], seen["dport"])))
     return flows
 
 
@@ -179,28 +178,16 @@ def _table(name: str) -> str:
     return TABLE_PREFIX + name
 
 
-def _endpoint(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([0-9.]+):(\d+)", text)
-    try:
-        if not m:
-            raise ValueError
-        addr = ipaddress.ip_address(m.group(1) or m.group(3))
-        port = int(m.group(2) or m.group(4))
-        if not 0 < port < 65536 or (m.group(1) and addr.version != 6):
-            raise ValueError
-    except ValueError:
-        raise GpucrError(f"bad connection end {text!r}", "write it as 10.0.0.1:4242 or [fd00::1]:4242") from None
+def _endpoint(text: str) -> tuple[tcp_end.Address, int]:
+    addr, port = tcp_end.parse(text)
+    if port == 0:  # a flow is between two bound ends; 0 would match nothing
+        raise GpucrError(f"bad connection end {text!r}: port 0", "write it as 10.0.0.1:4242 or [fd00::1]:4242")
     return addr, port
 
 
 def _match(src, dst) -> str:
     ip = "ip" if src[0].version == 4 else "ip6"
     return f"{ip} saddr {src[0]} tcp sport {src[1]} {ip} daddr {dst[0]} tcp dport {dst[1]}"
-
-
-def _text(addr: str, port: int) -> str:
-    a = ipaddress.ip_address(addr)
-    return f"[{a}]:{port}" if a.version == 6 else f"{a}:{port}"
 
 
 def _run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:

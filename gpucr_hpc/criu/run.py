@@ -32,6 +32,7 @@ from pathlib import Path
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.procfs import fd_targets
 
 MIN_VERSION = (4, 1)
 DEFAULT_WRAPPER = "/opt/gpucr-hpc/bin/criu"
@@ -473,21 +474,6 @@ def fd_flags(pid: int, fd: int | str) -> int:
     if m is None:
         raise OSError(f"no flags in /proc/{pid}/fdinfo/{fd}")
     return int(m.group(1), 8)
-
-
-def fd_targets(pid: int) -> list[str]:
-    """What each open fd of pid points at (`/dev/nvidia0`, `socket:[123]`, a path)."""
-    out: list[str] = []
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for n in names:
-        try:
-            out.append(os.readlink(f"/proc/{pid}/fd/{n}"))
-        except OSError:
-            continue
-    return out
 
 
 def holds_gpu(pids: list[int]) -> bool:

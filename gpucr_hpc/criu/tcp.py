@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucr_hpc import config
+from gpucr_hpc import config, tcp_end
 from gpucr_hpc.errors import GpucrError
 
 FILES_IMAGE = "files.img"
@@ -68,7 +68,7 @@ def _tcp_entries(img: dict) -> list[dict]:
 def _end(addrs: list[str], port: int, family: str) -> str:
     ip = ipaddress.ip_address(addrs[0]) if addrs else (
         ipaddress.IPv6Address(0) if family == "INET6" else ipaddress.IPv4Address(0))
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    return tcp_end.text(ip, port)
 
 
 def connections(image_dir: Path) -> list[Connection]:
@@ -77,11 +77,6 @@ def connections(image_dir: Path) -> list[Connection]:
                        _end(s.get("dst_addr", []), s.get("dst_port", 0), s.get("family", "INET")),
                        str(s.get("state", "")))
             for s in _tcp_entries(_load(image_dir))]
-
-
-def _split(end: str) -> tuple[str, int]:
-    addr, port = end.rsplit(":", 1)
-    return str(ipaddress.ip_address(addr.strip("[]"))), int(port)
 
 
 def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
@@ -97,7 +92,8 @@ def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
     for key, new in moved.items():
         new = str(ipaddress.ip_address(new.strip("[]")))
         if key.count(":") == 1 or key.startswith("["):
-            by_end[_split(key)] = new
+            addr, port = tcp_end.parse(key)
+            by_end[(str(addr), port)] = new
         else:
             by_addr[str(ipaddress.ip_address(key))] = new
     changed = 0

@@ -141,7 +141,7 @@ def survey(job: dict) -> tuple[Path, list[Unit], list[Socket]]:
     return run_dir, units, sockets
 
 
-def tcp_plans(units: list[Unit], sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
+def tcp_plans(sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
     """Per unit with TCP sockets: how its dump locks its connections (None: it has
     none, only listening sockets), and its ends, which a restore elsewhere moves."""
     linked = c.units_linked()
@@ -262,9 +262,10 @@ def run_checkpoint(args) -> int:
     # anything before the job's connections between units are locked everywhere.
     every = [connections.Socket(**d) for sent in comm.allgather([s.as_dict() for s in mine]) for d in sent]
     cut = connections.cut(every)
-    refusal = cut.refusal() if any(s.node == node for s in cut.foreign) or (
-        not cut.foreign and cut.refusal() and node == job.get("batch_host")) else None
-    if rep["ok"] and refusal:
+    refusal = cut.refusal()
+    # One node names the refusal: the one holding the foreign end, else the batch host.
+    names_it = any(s.node == node for s in cut.foreign) or (not cut.foreign and node == job.get("batch_host"))
+    if rep["ok"] and refusal and names_it:
         rep = {**failed, "errors": [refusal]}
     flows = [netlock.Flow(s.local, s.remote) for pair in cut.between_units for s in pair if s.node == node]
     lease = ExitStack()  # the lock on this node's connections between ranks, while we live
@@ -276,8 +277,8 @@ def run_checkpoint(args) -> int:
         if comm.rank == 1 and config.fault("agent_dies_after_lock"):
             os.kill(os.getpid(), signal.SIGKILL)
     with lease:
-        if comm.allreduce(1 if rep["ok"] else 0, op=MIN) and not cut.refusal():
-            rep = prepare(job, gen_dir, units, run_dir, tcp_plans(units, mine, cut), stay_yielded=args.stay_yielded)
+        if comm.allreduce(1 if rep["ok"] else 0, op=MIN) and not refusal:
+            rep = prepare(job, gen_dir, units, run_dir, tcp_plans(mine, cut), stay_yielded=args.stay_yielded)
         elif rep["ok"]:
             rep = {**failed, "errors": []}  # another node said why
         return _vote_and_commit(comm, MIN, job, gen_dir, rep)

@@ -21,7 +21,7 @@ import ipaddress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpucr_hpc.criu import run as criu_mod
+from gpucr_hpc import procfs, tcp_end
 
 ESTABLISHED, LISTEN = "01", "0A"  # /proc/net/tcp states
 
@@ -51,12 +51,7 @@ def _addr(hexaddr: str) -> str:
         ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
         if ip.ipv4_mapped:
             ip = ip.ipv4_mapped
-    port = int(port_hex, 16)
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
-
-
-def _inodes(pid: int) -> set[int]:
-    return {int(t[8:-1]) for t in criu_mod.fd_targets(pid) if t.startswith("socket:[")}
+    return tcp_end.text(ip, int(port_hex, 16))
 
 
 def _netns(pid: int) -> str:
@@ -71,7 +66,7 @@ def unit_sockets(unit: str, node: str, tree: list[int]) -> list[Socket]:
     """The established and listening TCP sockets the processes of `tree` hold."""
     if not tree:
         return []
-    mine = set().union(*(_inodes(p) for p in tree))
+    mine = set().union(*(procfs.socket_inodes(p) for p in tree))
     netns = _netns(tree[0])
     found = []
     for name in ("tcp", "tcp6"):  # the tree's own network namespace
@@ -87,7 +82,7 @@ def unit_sockets(unit: str, node: str, tree: list[int]) -> list[Socket]:
 
 
 def _loopback(end: str) -> bool:
-    return ipaddress.ip_address(end.rsplit(":", 1)[0].strip("[]")).is_loopback
+    return tcp_end.parse(end)[0].is_loopback
 
 
 def _key(netns: str, local: str, remote: str) -> tuple:

@@ -16,13 +16,13 @@ step that ran), so every task knows where every rank goes without asking:
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import socket
 import time
 from pathlib import Path
 
+from gpucr_hpc import tcp_end
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.slurm import commands as slurm
@@ -54,14 +54,9 @@ def _address(node: str) -> str:
                          "make node names resolve on every node (DNS or /etc/hosts)") from e
 
 
-def _split(end: str) -> tuple[str, int]:
-    addr, port = end.rsplit(":", 1)
-    return addr.strip("[]"), int(port)
-
-
 def _stays(end: str) -> bool:
     """A loopback end (its peer shares the namespace) or a wildcard one (any address)."""
-    ip = ipaddress.ip_address(_split(end)[0])
+    ip = tcp_end.parse(end)[0]
     return ip.is_loopback or ip.is_unspecified
 
 
@@ -83,9 +78,8 @@ def flows(unit: dict, moved: dict[str, str]) -> list[netlock.Flow]:
     """The unit's connections to other ranks, with their ends where they are now."""
 
     def now(end: str) -> str:
-        addr, port = _split(end)
-        new = moved.get(end, addr)
-        return f"[{new}]:{port}" if ":" in new else f"{new}:{port}"
+        addr, port = tcp_end.parse(end)
+        return tcp_end.text(moved.get(end, addr), port)
 
     return [netlock.Flow(now(local), now(remote)) for local, remote in (unit.get("tcp") or {}).get("links", [])]
 

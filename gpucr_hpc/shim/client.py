@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from gpucr_hpc import config
+from gpucr_hpc import config, procfs
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.shim import protocol
 from gpucr_hpc.slurm.site import load_site
@@ -95,27 +95,11 @@ def _own_pid(pid: int) -> int:
     return pid
 
 
-def _socket_inodes(pid: int) -> set[int]:
-    out: set[int] = set()
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return out
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            out.add(int(target[8:-1]))
-    return out
-
-
 def control_socket(pid: int, run_dir: Path | None = None) -> Path | None:
     """The control socket process PID serves, or None. Found from the process: the
     listening Unix socket among its descriptors named `<its own PID>.sock` (wherever
     it was bound); where its descriptors cannot be read, `<run dir>/<pid>.sock`."""
-    inodes = _socket_inodes(pid)
+    inodes = procfs.socket_inodes(pid)
     if not inodes:
         guess = socket_path(pid, run_dir)
         return guess if guess.is_socket() and not os.access(f"/proc/{pid}/fd", os.R_OK) else None
