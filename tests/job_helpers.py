@@ -90,3 +90,27 @@ def plugstack_args(cluster, args: str):
         yield
     finally:
         conf.write_text(original)
+
+
+def suspended_then_resumed(cluster, jobid, logs, resume) -> None:
+    """The job stops counting while suspended and counts on once resumed.
+
+    Slurm sends SIGTSTP, then SIGSTOP about 2 s later; a process in an orphaned
+    process group (a session leader's) lets SIGTSTP pass, so the counts must settle
+    within a few seconds and then stay put."""
+    cluster.wait_state(jobid, "SUSPENDED", timeout=30)
+    counts = lambda: [len(numbers(p)) for p in logs]  # noqa: E731
+    seen = [counts()]
+
+    def settled():
+        time.sleep(0.5)  # longer than a count step; 1 s in all: the supervisor's old wait
+        seen.append(counts())
+        return seen[-1] == seen[-2] == seen[-3] if len(seen) > 2 else False
+
+    wait_for(settled, timeout=15, what="the suspended job to stop counting", detail=lambda: seen)
+    time.sleep(1.0)
+    assert counts() == seen[-1], "the job ran on while suspended"
+    resume()
+    assert cluster.job(jobid)["JobState"] == "RUNNING"
+    wait_for(lambda: all(len(numbers(p)) > n + 3 for p, n in zip(logs, seen[-1])),
+             what="the job to count on after resume")

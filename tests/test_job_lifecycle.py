@@ -15,7 +15,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for  # noqa: E402
+from job_helpers import (  # noqa: E402
+    assert_counted_once,
+    counting_script,
+    gpucr,
+    numbers,
+    suspended_then_resumed,
+    wait_for,
+)
 
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
 
@@ -122,30 +129,6 @@ def test_two_node_job_through_ten_preemptions_and_twenty_suspends(slurm_cluster,
         if drained:
             slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
         slurm_cluster.run("scancel", jobid, check=False)
-
-
-def suspended_then_resumed(cluster, jobid, logs, resume) -> None:
-    """The job stops counting while suspended and counts on once resumed.
-
-    Slurm sends SIGTSTP, then SIGSTOP about 2 s later; a process in an orphaned
-    process group (a session leader's) lets SIGTSTP pass, so the counts must settle
-    within a few seconds and then stay put."""
-    cluster.wait_state(jobid, "SUSPENDED", timeout=30)
-    counts = lambda: [len(numbers(p)) for p in logs]  # noqa: E731
-    seen = [counts()]
-
-    def settled():
-        time.sleep(0.5)  # longer than a count step; 1 s in all: the supervisor's old wait
-        seen.append(counts())
-        return seen[-1] == seen[-2] == seen[-3] if len(seen) > 2 else False
-
-    wait_for(settled, timeout=15, what="the suspended job to stop counting", detail=lambda: seen)
-    time.sleep(1.0)
-    assert counts() == seen[-1], "the job ran on while suspended"
-    resume()
-    assert cluster.job(jobid)["JobState"] == "RUNNING"
-    wait_for(lambda: all(len(numbers(p)) > n + 3 for p, n in zip(logs, seen[-1])),
-             what="the job to count on after resume")
 
 
 @pytest.mark.soak

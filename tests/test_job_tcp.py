@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import gpucr, wait_for  # noqa: E402
+from job_helpers import gpucr, suspended_then_resumed, wait_for  # noqa: E402
 
 WORDS, PER_TICK, TICK = 60_000, 100, 0.05  # 30 s of streaming
 
@@ -347,5 +347,29 @@ def test_mpi_job_is_refused_naming_mpi_and_runs_on(slurm_cluster, workdir):
         n = len(numbers(logs[0]))
         wait_for(lambda: len(numbers(logs[0])) > n + 5, what="the MPI job to run on")
         assert slurm_cluster.job(jobid)["JobState"] == "RUNNING"
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_ranks_connected_across_nodes_keep_their_connection_through_suspends(slurm_cluster, workdir):
+    """Suspend leaves sockets alone (nothing is dumped): the stream stops while the
+    job is suspended and goes on after, with every word once, through two
+    `gpucr-hpc suspend/resume` and two `scontrol suspend/resume` cycles."""
+    jobid, logs = submit_pair(slurm_cluster, workdir, 20000 + os.getpid() % 10000)
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to talk")
+        for cycle in range(4):
+            if cycle % 2 == 0:
+                gpucr(slurm_cluster, "suspend", jobid)
+                suspended_then_resumed(slurm_cluster, jobid, logs, lambda: gpucr(slurm_cluster, "resume", jobid))
+            else:
+                slurm_cluster.run("scontrol", "suspend", jobid)
+                suspended_then_resumed(slurm_cluster, jobid, logs,
+                                       lambda: slurm_cluster.run("scontrol", "resume", jobid))
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+        final = logs[0].read_text().splitlines()
+        assert final[-1] == "all words once, in order", final[-3:]
+        assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", info
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
