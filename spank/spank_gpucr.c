@@ -126,6 +126,23 @@ static void setup_step(spank_t sp)
 		fail("image dir: %s", err);
 }
 
+/* A --gpucr=off step of a --gpucr=on job (the restore of the job's ranks is
+ * one): its tasks restore processes of the job, which need this node's run
+ * dir, and an ordinary user cannot make it under the root-owned run root. */
+static void setup_plain_step(spank_t sp)
+{
+	char err[1024], id[512];
+
+	if (site_rc != 0 || gpucr_step_is_extern(sp))
+		return;
+	if (gpucr_step_read(sp, &site, &step, err, sizeof(err)) != 0)
+		return;
+	if (gpucr_submission_id(sp, step.uid, id, sizeof(id)) != 0)
+		return;   /* not a --gpucr=on job */
+	if (gpucr_rundir_create(step.rundir, step.uid, step.gid, err, sizeof(err)) != 0)
+		slurm_error("gpucr: run dir: %s", err);
+}
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
@@ -151,6 +168,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		return 0;
 
 	step_mode = gpucr_option_step_mode(sp);
+	if (step_mode == GPUCR_OFF)
+		setup_plain_step(sp);
 	if (step_mode != GPUCR_ON)
 		return 0;
 	if (gpucr_step_is_extern(sp)) {

@@ -16,6 +16,7 @@ reordered across three cuts.
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,7 @@ if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
 from job_helpers import gpucr, suspended_then_resumed, wait_for  # noqa: E402
+from user_helpers import as_user, gpucr_as  # noqa: E402
 
 WORDS, PER_TICK, TICK = 60_000, 100, 0.05  # 30 s of streaming
 
@@ -76,14 +78,21 @@ else:
 """
 
 
-def submit_pair(cluster, workdir, port: int, *sbatch_args) -> tuple[str, list]:
-    """The TCP pair job (rank 0 on one node reads, rank 1 on another streams): its id and logs."""
+def submit_pair(cluster, workdir, port: int, *sbatch_args, user=None) -> tuple[str, list]:
+    """The TCP pair job (rank 0 on one node reads, rank 1 on another streams): its id and
+    logs. Submitted by root, or by `user`."""
     (workdir / "pair.py").write_text(PAIR)
     script = workdir / "pair.sh"
-    script.write_text(f"#!/bin/bash\necho start restart=${{SLURM_RESTART_COUNT:-0}}\n"
+    script.write_text(f"#!/bin/bash\necho start restart=${{SLURM_RESTART_COUNT:-0}} uid=$(id -u)\n"
                       f"srun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py {port} {workdir} "
                       f"{WORDS} {PER_TICK} {TICK}\necho after srun rc=$?\n")
-    jobid = cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(workdir / "pair.out"), *sbatch_args)
+    args = ("--gpucr=on", "-N2", "-o", str(workdir / "pair.out"), *sbatch_args)
+    if user is None:
+        jobid = cluster.sbatch(script, *args)
+    else:
+        r = as_user(user, "sbatch", "--parsable", *args, str(script), env=cluster.env)
+        assert r.returncode == 0, r.stderr
+        jobid = r.stdout.strip().split(";")[0]
     return jobid, [workdir / f"pair-{r}.txt" for r in (0, 1)]
 
 
@@ -100,31 +109,56 @@ def _restored(cluster, jobid, restarts, logs):
     wait_for(lambda: cluster.job(jobid).get("Restarts") == str(restarts)
              and cluster.job(jobid).get("JobState") == "RUNNING", timeout=180, what=f"restart {restarts}")
     at = len(numbers(logs[0]))
-    wait_for(lambda: len(numbers(logs[0])) > at + 5, timeout=120, what=f"rank 0 reading after restore {restarts}")
+    out = logs[0].parent / "pair.out"
+    wait_for(lambda: len(numbers(logs[0])) > at + 5, timeout=120, what=f"rank 0 reading after restore {restarts}",
+             detail=lambda: (cluster.job(jobid), out.read_text() if out.exists() else "",
+                             [p.read_text()[-200:] for p in logs], cluster.restore_log(jobid)))
 
 
 def test_ranks_connected_across_nodes_move_with_their_connection(slurm_cluster, workdir):
     jobid, logs = submit_pair(slurm_cluster, workdir, 20000 + os.getpid() % 10000)
-    out = workdir / "pair.out"
+    through_three_cuts(slurm_cluster, jobid, logs, workdir / "pair.out", lambda *a: gpucr(slurm_cluster, *a))
+
+
+def test_an_ordinary_users_connected_ranks_move_with_their_connection(slurm_cluster, users, jobdir):
+    """The same as the job's user: the lock, the dump and the moved restore go
+    through the root helper, which checks that each connection is the user's."""
+    if not slurm_cluster.netns or not slurm_cluster.node_local:
+        pytest.skip("needs the test cluster's netns mode with node-local paths (scripts/testcluster up)")
+    a = users[0]
+    jobid, logs = submit_pair(slurm_cluster, jobdir, 20000 + os.getpid() % 10000 + 1, user=a)
+
+    def as_a(*args):
+        r = gpucr_as(a, *args, env=slurm_cluster.env)
+        assert r.returncode == 0, (args, r.stderr)
+        return r
+
+    text = through_three_cuts(slurm_cluster, jobid, logs, jobdir / "pair.out", as_a)
+    assert f"uid={a.pw_uid}" in text, text
+    assert not any(p.lstat().st_uid != a.pw_uid for p in (Path(slurm_cluster.state) / "images" / jobid).rglob("*"))
+
+
+def through_three_cuts(slurm_cluster, jobid, logs, out, run) -> str:
+    """An in-place checkpoint, a preemption with the first node drained (the ranks
+    move, and the connection's ends with them), a second preemption; every word once."""
     drained = None
     try:
         slurm_cluster.wait_state(jobid, "RUNNING")
         wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), what="both ranks to talk")
         # 1. In place: the job runs on, its connection too.
-        r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
-        assert r.returncode == 0, r.stderr
+        run("checkpoint", jobid)
         at = len(numbers(logs[0]))
         wait_for(lambda: len(numbers(logs[0])) > at + 5, what="rank 0 to read on after the checkpoint")
         # 2. Preempted with its first node drained: restored on other nodes.
         drained = _nodes(slurm_cluster, jobid)[0]
         slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
-        gpucr(slurm_cluster, "preempt", jobid)
+        run("preempt", jobid)
         _restored(slurm_cluster, jobid, 1, logs)
         assert drained not in _nodes(slurm_cluster, jobid)
         slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME")
         drained = None
         # 3. Again, from the restored state.
-        gpucr(slurm_cluster, "preempt", jobid)
+        run("preempt", jobid)
         _restored(slurm_cluster, jobid, 2, logs)
         info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
         text = out.read_text()
@@ -132,6 +166,7 @@ def test_ranks_connected_across_nodes_move_with_their_connection(slurm_cluster, 
         assert final[-1] == "all words once, in order", final[-3:]
         assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (text, info)
         assert text.count("start restart=") == 1 and text.count("after srun rc=0") == 1, text
+        return text
     finally:
         if drained:
             slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)

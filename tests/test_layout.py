@@ -4,10 +4,13 @@ library and the few of our modules that are themselves standard library only."""
 import subprocess
 import sys
 
-# criu/run: running CRIU; errors: the one-line error; config: the settings; slurm/signals: a constant.
+# criu/run: running CRIU; errors: the one-line error; config: the settings; slurm/signals: a constant;
+# criu/netlock, criu/tcp, privileged/tcp, tcp_end, procfs: TCP connections locked, moved and checked
+# (CRIU's own image module, pycriu, is loaded only where an image holds TCP connections).
 ROOT_MAY_LOAD = {"gpucr_hpc", "gpucr_hpc.config", "gpucr_hpc.criu", "gpucr_hpc.criu.run", "gpucr_hpc.errors",
                  "gpucr_hpc.privileged", "gpucr_hpc.privileged.helper", "gpucr_hpc.slurm",
-                 "gpucr_hpc.slurm.signals"}
+                 "gpucr_hpc.slurm.signals", "gpucr_hpc.criu.netlock", "gpucr_hpc.criu.tcp",
+                 "gpucr_hpc.privileged.tcp", "gpucr_hpc.tcp_end", "gpucr_hpc.procfs"}
 
 
 def loaded_by(module: str) -> set[str]:

@@ -15,9 +15,11 @@ stall the job's connections for longer. TCP sees only loss: nothing is reset, an
 locked is retransmitted after the unlock. It is made in one `nft -f -`
 transaction, so a lock is all there or not at all.
 
-Limits: everything runs in the calling process's network namespace (the agent
-runs in its node's), and only as root: there is no path through the root
-helper yet, so connections between ranks are locked for root's jobs only.
+Everything runs in the calling process's network namespace (the agent runs in
+its node's). An ordinary user locks through the root helper, which checks that
+each flow is the caller's (a socket a process of theirs holds, a connection of
+their sealed image, or a flow their lock of that name already drops) and names
+the table after the caller's uid, so no user can lock or unlock another's.
 """
 
 from __future__ import annotations
@@ -63,10 +65,23 @@ def nft_command() -> list[str]:
     raise GpucrError(f"nft (nftables) is not installed: neither {wrapper} nor nft on PATH exists", INSTALL_FIX)
 
 
+@dataclass(frozen=True)
+class Spec:
+    """A lock to take: its name, its flows, and for how long at most."""
+
+    name: str
+    flows: list[Flow]
+    expires_s: float
+
+
 def lock(name: str, flows: list[Flow], expires_s: float = EXPIRES_S) -> None:
     """Drop every packet of `flows`, both ways, until unlock(name) or for
     `expires_s` seconds at most: a lock whose holder died must not stall the
     job's connections for ever. Locking a name again replaces its flows."""
+    if os.geteuid() != 0:
+        from gpucr_hpc.criu import root_helper
+
+        return root_helper.lock(name, flows, expires_s)
     table = _table(name)
     until = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(time.time() + expires_s))
     out_rules, in_rules = [], []
@@ -108,15 +123,21 @@ def _exists(table: str) -> bool:
 class Lease:
     """A lock held while its holder lives: renewed every third of `lease_s` by a
     thread, so it lapses within `lease_s` of the holder's death however long the
-    work it covers takes. As a context manager: locked on entry, unlocked on exit."""
+    work it covers takes. As a context manager: locked on entry (unless `taken`:
+    the work it covers takes it, e.g. a restore), unlocked on exit."""
 
-    def __init__(self, name: str, flows: list[Flow], lease_s: float):
-        self.name, self.flows, self.lease_s = name, flows, lease_s
+    def __init__(self, name: str, flows: list[Flow], lease_s: float, taken: bool = False):
+        self.name, self.flows, self.lease_s, self.taken = name, flows, lease_s, taken
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def spec(self) -> Spec:
+        return Spec(self.name, self.flows, self.lease_s)
+
     def __enter__(self) -> Lease:
-        lock(self.name, self.flows, self.lease_s)
+        if not self.taken:
+            lock(self.name, self.flows, self.lease_s)
         self._thread = threading.Thread(target=self._renew, daemon=True, name=f"lease-{self.name}")
         self._thread.start()
         return self
@@ -137,6 +158,10 @@ class Lease:
 
 def unlock(name: str) -> bool:
     """Let the flows of `name` through again. True if it was locked."""
+    if os.geteuid() != 0:
+        from gpucr_hpc.criu import root_helper
+
+        return root_helper.unlock(name)
     table = _table(name)
     if not _exists(table):
         return False
@@ -191,9 +216,8 @@ def _match(src, dst) -> str:
 
 
 def _run(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
-    if os.geteuid() != 0:
-        raise GpucrError("locking TCP connections needs root (CAP_NET_ADMIN); only jobs of root keep "
-                         "their connections so far", "run the job without --gpucr=on, or as root")
+    if os.geteuid() != 0:  # lock and unlock go through the root helper; the rest is root's
+        raise GpucrError("reading the nftables lock needs root (CAP_NET_ADMIN)", "run it as root")
     cmd = nft_command() + args
     try:
         # TZ: the expiry is written in UTC, and nft reads dates in its own zone

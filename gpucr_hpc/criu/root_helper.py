@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from gpucr_hpc import config
+from gpucr_hpc.criu.netlock import Flow, Spec
 from gpucr_hpc.criu.run import Restored, criu_env, process_tree
 from gpucr_hpc.errors import GpucrError
 
@@ -70,8 +71,10 @@ def _raise_if_error(res: dict | None, stderr: str) -> dict:
     return res
 
 
-def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool, shell_job: bool) -> list[dict]:
-    flags = ["--pid", str(pid)] + ["--leave-running"] * leave_running + ["--shell-job"] * shell_job
+def dump(pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool, shell_job: bool,
+         tcp_lock: str | None = None) -> list[dict]:
+    flags = (["--pid", str(pid)] + ["--leave-running"] * leave_running + ["--shell-job"] * shell_job
+             + ([f"--tcp-lock={tcp_lock}"] if tcp_lock else []))
     r = subprocess.run(_argv("dump", images_dir, work_dir, flags), stdin=subprocess.DEVNULL,
                        capture_output=True, text=True, env=criu_env())
     return _raise_if_error(_result(work_dir), r.stderr)["open_files"]
@@ -97,10 +100,15 @@ class HelperLauncher(subprocess.Popen):
 
 
 def start_restore(images_dir: Path, work_dir: Path, *, shell_job: bool, new_pidns: bool,
-                  inherit: dict[int, str] | None = None, tied: bool = False) -> Restored:
+                  inherit: dict[int, str] | None = None, tied: bool = False, tcp: bool = False,
+                  moved: dict[str, str] | None = None, lock: Spec | None = None) -> Restored:
+    """The helper moves the TCP ends (`moved`) in its own checked copy of the
+    images, and takes `lock` on the restored connections just before CRIU runs."""
     inherit = inherit or {}
     flags = (["--shell-job"] * shell_job + ["--new-pidns"] * new_pidns + ["--tied"] * tied
-             + [f"--inherit-fd={fd}:{key}" for fd, key in sorted(inherit.items())])
+             + [f"--inherit-fd={fd}:{key}" for fd, key in sorted(inherit.items())]
+             + ["--tcp"] * tcp + [f"--move={k}={v}" for k, v in sorted((moved or {}).items())]
+             + (_lock_flags(lock.name, lock.flows, lock.expires_s) if lock else []))
     std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1)]
     proc = HelperLauncher(_argv("restore", images_dir, work_dir, flags), stdin=std[0], stdout=std[1],
                           stderr=None if 2 in inherit else subprocess.PIPE, start_new_session=True,
@@ -115,3 +123,33 @@ def start_restore(images_dir: Path, work_dir: Path, *, shell_job: bool, new_pidn
         proc.wait()
     proc.root_pid = res["host_pid"]
     return Restored(host_pid=res["host_pid"], ns_pid=res["ns_pid"], new_pidns=new_pidns, launcher=proc)
+
+
+def _lock_flags(name: str, flows: list[Flow], seconds: float) -> list[str]:
+    return [f"--lock={name}", f"--lock-seconds={seconds:g}"] + [f"--flow={f.local},{f.remote}" for f in flows]
+
+
+def _answer(op: str, flags: list[str]) -> dict:
+    helper = helper_path()
+    if not os.path.isfile(helper):
+        raise GpucrError(f"locking TCP connections needs root, and the gpucr-hpc root helper {helper} "
+                         "is not installed", INSTALL_FIX)
+    try:
+        r = subprocess.run(["sudo", "-n", helper, op, *flags], stdin=subprocess.DEVNULL, capture_output=True,
+                           text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise GpucrError(f"the gpucr-hpc root helper did not {op} within 60 s", "see the node's load") from None
+    try:
+        res = json.loads(r.stdout)
+    except ValueError:
+        res = None
+    return _raise_if_error(res if isinstance(res, dict) else None, r.stderr)
+
+
+def lock(name: str, flows: list[Flow], seconds: float) -> None:
+    """netlock.lock for an ordinary user: the helper checks that each flow is ours."""
+    _answer("lock", _lock_flags(name, flows, seconds))
+
+
+def unlock(name: str) -> bool:
+    return bool(_answer("unlock", [f"--lock={name}"]).get("unlocked"))

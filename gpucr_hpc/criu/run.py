@@ -29,10 +29,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.procfs import fd_targets
+
+if TYPE_CHECKING:
+    from gpucr_hpc.criu.netlock import Spec
 
 MIN_VERSION = (4, 1)
 DEFAULT_WRAPPER = "/opt/gpucr-hpc/bin/criu"
@@ -87,7 +91,7 @@ class Criu:
 
     def dump(self, pid: int, images_dir: Path, work_dir: Path, *, leave_running: bool,
              shell_job: bool, extra: list[str] | None = None,
-             run_as: list[str] | None = None) -> list[dict]:
+             run_as: list[str] | None = None, tcp_lock: str | None = None) -> list[dict]:
         """Dump the process tree rooted at `pid` into `images_dir` (CRIU files only).
 
         Returns the regular files the tree holds open, with their sizes taken
@@ -97,14 +101,15 @@ class Criu:
         An ordinary user's dump goes through the root helper (criu_helper);
         `run_as` is its command prefix that runs CRIU as the tree's owner
         with root's capabilities (criu_root.as_owner).
+
+        `tcp_lock`: established TCP connections are dumped (their queues and
+        sequence numbers), with CRIU's network lock ("nftables"), or none
+        ("skip": the caller holds the job's lock, criu/netlock).
         """
         if os.geteuid() != 0:
-            if extra:
-                raise GpucrError(f"process {pid} has TCP connections, which are kept only for jobs of root "
-                                 "so far", "run it without --gpucr=on, or as root")
             from gpucr_hpc.criu import root_helper
             return root_helper.dump(pid, images_dir, work_dir, leave_running=leave_running,
-                                    shell_job=shell_job)
+                                    shell_job=shell_job, tcp_lock=tcp_lock)
         enter, tree_pid = enter_pidns_of(pid)
         args = enter + (run_as or []) + [self.path] + (["--unprivileged"] if run_as else []) + [
             "dump", "-t", str(tree_pid), "-D", str(images_dir), "-W", str(work_dir),
@@ -121,6 +126,8 @@ class Criu:
                 path=_PKG_PARENT, pid=tree_pid, out=str(files_json)))))
         script.chmod(0o700)
         args += ["--action-script", str(script)]
+        if tcp_lock:
+            args += ["--tcp-established", "--network-lock", tcp_lock]
         args += extra or []
         r = subprocess.run(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=criu_env(),
                            stderr=subprocess.STDOUT, text=True)
@@ -137,7 +144,8 @@ class Criu:
 
     def start_restore(self, images_dir: Path, work_dir: Path, *, shell_job: bool,
                       new_pidns: bool, inherit: dict[int, str] | None = None,
-                      extra: list[str] | None = None, tied: bool = False) -> Restored:
+                      extra: list[str] | None = None, tied: bool = False, tcp: bool = False,
+                      moved: dict[str, str] | None = None, lock: Spec | None = None) -> Restored:
         """Restore a tree; returns once it runs (or raises with CRIU's own error).
 
         In the current PID namespace CRIU detaches (`-d`) and the tree is
@@ -153,12 +161,28 @@ class Criu:
         calling thread, as a job's processes must end with its step: nothing of a
         job may run on outside it when the step that restored it dies.
 
-        An ordinary user's restore goes through the root helper (criu_helper).
+        `tcp`: the images hold established TCP connections. `moved`: those of
+        their ends that are elsewhere now ("addr:port" or "addr" -> new address),
+        rewritten in a copy of the images (criu/tcp). `lock`: taken on the
+        restored connections just before CRIU runs (criu/netlock); the caller
+        lets it go.
+
+        An ordinary user's restore goes through the root helper (criu_helper),
+        which moves and locks only what its checks allow.
         """
         if os.geteuid() != 0:
             from gpucr_hpc.criu import root_helper
             return root_helper.start_restore(images_dir, work_dir, shell_job=shell_job,
-                                             new_pidns=new_pidns, inherit=inherit, tied=tied)
+                                             new_pidns=new_pidns, inherit=inherit, tied=tied,
+                                             tcp=tcp, moved=moved, lock=lock)
+        if moved:
+            from gpucr_hpc.criu import tcp as criu_tcp
+
+            images_dir = criu_tcp.moved_copy(images_dir, work_dir / "moved-images", moved)
+        if lock:
+            from gpucr_hpc.criu import netlock
+
+            netlock.lock(lock.name, lock.flows, lock.expires_s)
         pidfile = work_dir / "restore.pid"
         log = work_dir / "restore.log"
         args = [self.path, "restore", "-D", str(images_dir), "-W", str(work_dir), "-o", "restore.log",
@@ -168,6 +192,8 @@ class Criu:
         inherit = inherit or {}
         for fd, key in sorted(inherit.items()):
             args += ["--inherit-fd", f"fd[{fd}]:{key}"]
+        if tcp:
+            args.append("--tcp-established")  # CRIU locks as the dump did; "skip": the caller holds the lock
         args += extra or []
         args.append("-d")
         if new_pidns:

@@ -35,6 +35,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from gpucr_hpc import config
+from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.job import generations
@@ -196,9 +197,11 @@ def remove_created(paths: list[Path]) -> None:
 
 
 def restore_unit(gen: Path, unit: dict, site, jobid: str,
-                 inherit: dict[int, str] | None = None, moved: dict[str, str] | None = None) -> dict:
+                 inherit: dict[int, str] | None = None, moved: dict[str, str] | None = None,
+                 lock: netlock.Spec | None = None) -> dict:
     """Restore one unit in a new PID namespace and record it in this node's registry.
-    moved: its TCP ends that are elsewhere now (job/rank_connections)."""
+    moved: its TCP ends that are elsewhere now (job/rank_connections); lock: the
+    lock on its connections to other ranks, taken before CRIU runs."""
     # The shim's control socket is bound under the run dir of the node it ran on
     # (of the job id it ran as: a resubmitted job has a new one).
     old_id = str(mf.load(gen)["job"]["id"])
@@ -221,7 +224,8 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     try:
         # check_generation verified every unit before the job's restore began.
         rep = process_image.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
-                                   inherit=inherit, checksums_verified=True, tied=True, moved=moved)
+                                   inherit=inherit, checksums_verified=True, tied=True, moved=moved,
+                                         lock=lock)
     finally:
         remove_created(created)  # the restored shell holds it open by now
     register(site.job_run_dir(jobid), unit, rep["pid"])
@@ -256,8 +260,10 @@ def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = N
             "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
             "--distribution=block", sys.executable, "-m", "gpucr_hpc.job.rank_restore",
             "--gen-dir", str(gen)]
+    # The job's submission token stays: the plugin makes the job's run dir for this
+    # --gpucr=off step only in a --gpucr=on job, which the token tells.
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE"))}
+           if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE")) or k == "SLURM_SPANK_GPUCR_SUBMISSION"}
     # The real srun: the wrapper is first in PATH in the batch step.
     env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p != load_site().bindir)
     step = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)

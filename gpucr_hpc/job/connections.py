@@ -17,13 +17,10 @@ ends are matched in that namespace alone (one machine may run several nodes).
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpucr_hpc import procfs, tcp_end
-
-ESTABLISHED, LISTEN = "01", "0A"  # /proc/net/tcp states
 
 
 @dataclass(frozen=True)
@@ -41,19 +38,6 @@ class Socket:
         return asdict(self)
 
 
-def _addr(hexaddr: str) -> str:
-    ip_hex, port_hex = hexaddr.split(":")
-    raw = bytes.fromhex(ip_hex)
-    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
-    if len(raw) == 4:
-        ip = ipaddress.IPv4Address(raw[::-1])
-    else:  # /proc prints IPv6 as four little-endian 32-bit words
-        ip = ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
-        if ip.ipv4_mapped:
-            ip = ip.ipv4_mapped
-    return tcp_end.text(ip, int(port_hex, 16))
-
-
 def _netns(pid: int) -> str:
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -69,15 +53,9 @@ def unit_sockets(unit: str, node: str, tree: list[int]) -> list[Socket]:
     mine = set().union(*(procfs.socket_inodes(p) for p in tree))
     netns = _netns(tree[0])
     found = []
-    for name in ("tcp", "tcp6"):  # the tree's own network namespace
-        try:
-            lines = Path(f"/proc/{tree[0]}/net/{name}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if len(f) > 9 and f[3] in (ESTABLISHED, LISTEN) and int(f[9]) in mine:
-                found.append(Socket(unit, node, _addr(f[1]), _addr(f[2]), f[3] == LISTEN, netns))
+    for local, remote, state, inode in procfs.tcp_sockets(tree[0]):  # the tree's own network namespace
+        if state in (procfs.ESTABLISHED, procfs.LISTEN) and inode in mine:
+            found.append(Socket(unit, node, local, remote, state == procfs.LISTEN, netns))
     return found
 
 

@@ -116,14 +116,15 @@ def main(argv=None) -> int:
                        key=lambda u: u["rank"])
         unit = ranks[procid]
         moved: dict[str, str] = {}
+        spec = None
         if unit.get("tcp"):
             moved = rank_connections.moves(unit, ranks, rank_connections.step_nodes(len(ranks)))
-            if unit["tcp"].get("peers"):  # let go once every rank is back
-                lease.enter_context(netlock.Lease(rank_connections.lock_name(jobid, unit),
-                                                  rank_connections.flows(unit, moved),
-                                                  float(config.value("GPUCR_LOCK_LEASE"))))
+            if unit["tcp"].get("peers"):  # taken by the restore, let go once every rank is back
+                spec = lease.enter_context(netlock.Lease(rank_connections.lock_name(jobid, unit),
+                                                         rank_connections.flows(unit, moved),
+                                                         float(config.value("GPUCR_LOCK_LEASE")), taken=True)).spec
                 held = True
-        rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved)
+        rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved, lock=spec)
     except (GpucrError, IndexError) as e:
         lease.close()
         msg = e.one_line() if isinstance(e, GpucrError) else f"no rank {procid} in {gen}"

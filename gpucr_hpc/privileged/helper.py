@@ -18,10 +18,19 @@ Directories of the caller are never written through a path: files are renamed
 or copied in through an open directory descriptor, never following a link.
 
     gpucr-criu-root dump --pid PID --images DIR --work DIR [--leave-running] [--shell-job]
+                         [--tcp-lock nftables|skip]
     gpucr-criu-root restore --images DIR --work DIR [--shell-job] [--new-pidns]
-                            [--inherit-fd FD:KEY]...
+                            [--inherit-fd FD:KEY]... [--tcp] [--move END=ADDR]...
+                            [--lock NAME --lock-seconds S --flow LOCAL,REMOTE...]
+    gpucr-criu-root lock --lock NAME --lock-seconds S --flow LOCAL,REMOTE...
+    gpucr-criu-root unlock --lock NAME
 
-It answers in the work dir's `result.json` (stdout may be the restored tree's):
+TCP connections (privileged/tcp.py): a lock drops only the caller's own flows,
+in a table named after their uid; a restore moves only addresses, and binds
+connections only to addresses of this node.
+
+lock and unlock answer on stdout. dump and restore answer in the work dir's
+`result.json` (stdout may be the restored tree's):
 {"open_files": [...]} after a dump, {"host_pid": N, "ns_pid": N} once a restored
 tree runs, or {"error": CAUSE, "fix": FIX}. A restore into a new PID namespace
 then stays, as the tree's launcher, and exits with the status of the tree's root.
@@ -48,8 +57,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpucr_hpc import tcp_end
+from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
+from gpucr_hpc.criu import tcp as criu_tcp
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.privileged import tcp as privileged_tcp
 from gpucr_hpc.slurm.signals import TASK_SIGNALS
 
 KEY_FILE = Path("/etc/gpucr-hpc/image.key")
@@ -377,7 +390,7 @@ def dump(args, who: Caller, work_fd: int) -> dict:
         try:
             files = criu_mod.find_criu().dump(
                 args.pid, images, work, leave_running=args.leave_running, shell_job=args.shell_job,
-                extra=_checker(work, who, images), run_as=as_owner(who))
+                extra=_checker(work, who, images), run_as=as_owner(who), tcp_lock=args.tcp_lock)
             seal(images, who)
             hand_over(images, images_fd, who)
             return {"open_files": files}
@@ -402,18 +415,62 @@ def restore(args, who: Caller, work_fd: int) -> tuple[dict, subprocess.Popen | N
             continue  # CRIU says what is missing
         keep.append((st.st_dev, st.st_ino))
     size = sum(os.stat(n, dir_fd=images_fd, follow_symlinks=False).st_size for n in os.listdir(images_fd))
+    moved = dict(m.partition("=")[::2] for m in args.move)  # check_moves refuses a bad one
+    table = privileged_tcp.table_name(who.uid, args.lock) if args.lock else None
     with private_dir("restore", size) as images, private_dir("work") as work:
         copy_verified(images_fd, images, who)
+        if moved:
+            privileged_tcp.check_moves(moved)
+            criu_tcp.move_addresses(images, moved)  # our own checked copy
+        if args.tcp or moved:
+            privileged_tcp.check_sources(images)
+        if table:
+            flows = _flows(args.flow)
+            privileged_tcp.check_in_image(flows, images)
+            netlock.lock(table, flows, _seconds(args.lock_seconds))
         try:
             restored = criu_mod.find_criu().start_restore(
                 images, work, shell_job=args.shell_job, new_pidns=args.new_pidns, inherit=inherit,
-                extra=_checker(work, who, images, keep), tied=args.tied)
+                extra=_checker(work, who, images, keep), tied=args.tied, tcp=args.tcp)
         except GpucrError as e:
+            if table:
+                netlock.unlock(table)
             _why_check_failed(work / "check.json", e, args.work)
             raise
         finally:
             _logs_back(work, work_fd, who)
     return {"host_pid": restored.host_pid, "ns_pid": restored.ns_pid}, restored.launcher
+
+
+def _flows(specs: list[str]) -> list[netlock.Flow]:
+    flows = []
+    for spec in specs:
+        local, _, remote = spec.partition(",")
+        tcp_end.parse(local), tcp_end.parse(remote)  # refused with one line unless both are ends
+        flows.append(netlock.Flow(local, remote))
+    return flows
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+        if 0 < s <= netlock.EXPIRES_S:
+            return s
+    except ValueError:
+        pass
+    raise GpucrError(f"bad lock length {text!r}", f"give seconds, more than 0 and at most {netlock.EXPIRES_S:g}")
+
+
+def lock(args, who: Caller) -> dict:
+    table = privileged_tcp.table_name(who.uid, args.lock)
+    flows = _flows(args.flow)
+    privileged_tcp.check_own(flows, who.uid, table)
+    netlock.lock(table, flows, _seconds(args.lock_seconds))
+    return {"locked": len(flows)}
+
+
+def unlock(args, who: Caller) -> dict:
+    return {"unlocked": netlock.unlock(privileged_tcp.table_name(who.uid, args.lock))}
 
 
 def _why_check_failed(out: Path, e: GpucrError, callers_work: str) -> None:
@@ -476,6 +533,17 @@ def main(argv: list[str] | None = None) -> int:
         s.add_argument("--work", required=True)
         s.add_argument("--shell-job", action="store_true")
     d.add_argument("--leave-running", action="store_true")
+    d.add_argument("--tcp-lock", choices=("nftables", "skip"))
+    r.add_argument("--tcp", action="store_true")
+    r.add_argument("--move", action="append", default=[])
+    lk = sub.add_parser("lock")
+    ul = sub.add_parser("unlock")
+    for s in (r, lk):
+        s.add_argument("--lock-seconds", default=str(netlock.EXPIRES_S))
+        s.add_argument("--flow", action="append", default=[])
+    r.add_argument("--lock")
+    lk.add_argument("--lock", required=True)
+    ul.add_argument("--lock", required=True)
     c = sub.add_parser("check")
     c.add_argument("--keep", default="-")
     c.add_argument("uid", type=int)
@@ -485,6 +553,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.op == "check":
         return action_check(args.uid, args.gids, args.out, args.skip, args.keep)
+    if args.op in ("lock", "unlock"):
+        try:
+            answer = (lock if args.op == "lock" else unlock)(args, Caller.from_sudo())
+        except GpucrError as e:
+            answer = {"error": e.cause, "fix": e.fix}
+        print(json.dumps(answer), flush=True)
+        return 1 if "error" in answer else 0
     try:
         who = Caller.from_sudo()
         work_fd = open_callers_dir(args.work, who)

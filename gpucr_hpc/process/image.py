@@ -50,6 +50,7 @@ from pathlib import Path
 import click
 
 from gpucr_hpc import config, units
+from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.store import files as image_store
@@ -191,9 +192,8 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         dump_dir.mkdir(exist_ok=True, mode=0o700)
         work = Path(tempfile.mkdtemp(prefix="gpucr-dump-"))
         t = time.monotonic()
-        tcp = ["--tcp-established", "--network-lock", tcp_lock] if tcp_lock else []
         files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job,
-                               extra=tcp)
+                               tcp_lock=tcp_lock)
         dumped = True
         if not leave_running and not criu_mod.wait_gone(tree):
             raise GpucrError(f"process tree of {pid} still runs after criu dump",
@@ -331,11 +331,12 @@ def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
 def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False,
                  inherit: dict[int, str] | None = None, checksums_verified: bool = False,
                  gpus: list[str] | None = None, tied: bool = False,
-                 moved: dict[str, str] | None = None) -> dict:
+                 moved: dict[str, str] | None = None, lock: netlock.Spec | None = None) -> dict:
     """Restore the image in from_dir; `inherit` hands our fds to the tree (criu --inherit-fd).
 
-    moved: TCP ends ("addr:port") that are elsewhere now -> where ("addr:port"): the
+    moved: TCP ends ("addr:port") that are elsewhere now -> their new address: the
     connections are restored with those ends (the image itself is not changed).
+    lock: taken on the restored connections before CRIU runs; the caller lets it go.
 
     tied: a job's unit, whose new PID namespace must end with the step restoring it.
 
@@ -375,15 +376,9 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     kept = _rewind(rewinds) if rewinds else []
     work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
     t = time.monotonic()
-    criu_dir, extra = img.criu_dir, []
-    if (m.get("criu") or {}).get("tcp_lock"):
-        extra = ["--tcp-established"]  # CRIU locks as the dump did; "skip": the caller holds the lock
-    if moved:
-        from gpucr_hpc.criu import tcp
-
-        criu_dir = tcp.moved_copy(img.criu_dir, work / "images", moved)
-    restored = criu.start_restore(criu_dir, work, shell_job=bool(proc.get("shell_job")),
-                                  new_pidns=new_ns, inherit=inherit, tied=tied and new_ns, extra=extra)
+    restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
+                                  new_pidns=new_ns, inherit=inherit, tied=tied and new_ns,
+                                  tcp=bool((m.get("criu") or {}).get("tcp_lock")), moved=moved, lock=lock)
     timings["criu_restore_s"] = time.monotonic() - t
     placed: list[dict] = []
     if m.get("gpu_processes"):
