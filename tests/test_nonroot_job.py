@@ -111,3 +111,29 @@ def test_ordinary_users_job_is_preempted_automatically(slurm_cluster, users, job
     assert_counted_once(log, steps)
     ls = json.loads(gpucr_as(a, "ls", jobid, "--json", env=slurm_cluster.env).stdout)
     assert ls, "no generation was written"
+
+
+def test_ordinary_users_job_is_restored_again_and_again(slurm_cluster, users, jobdir):
+    """Three preemptions in a row: each restored tree (which the root helper made, in
+    a PID namespace of its own) is checkpointed and restored like a fresh one."""
+    a = users[0]
+    steps = 600
+    script, log = counting_job(jobdir, steps)
+    out = jobdir / "job.out"
+    jobid = submit_as(slurm_cluster, a, script, "--gpucr=on", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+    for n in (1, 2, 3):
+        pre = gpucr_as(a, "preempt", jobid, env=slurm_cluster.env)
+        assert pre.returncode == 0, (n, pre.stderr, slurm_cluster.restore_log(jobid))
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(n)
+                 and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120,
+                 what=f"restore {n}", detail=lambda: (slurm_cluster.job(jobid), slurm_cluster.restore_log(jobid)))
+        at = len(numbers(log))
+        wait_for(lambda: len(numbers(log)) > at + 5, what=f"counting after restore {n}",
+                 detail=lambda: (out.read_text(), slurm_cluster.restore_log(jobid)))
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    text = out.read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "3", (text, info)
+    assert text.count("after python") == 1, text
+    assert_counted_once(log, steps)

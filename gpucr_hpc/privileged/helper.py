@@ -39,6 +39,7 @@ then stays, as the tree's launcher, and exits with the status of the tree's root
 from __future__ import annotations
 
 import argparse
+import ctypes
 import errno
 import hashlib
 import hmac
@@ -197,6 +198,19 @@ def give_pipes(pids: list[int], who: Caller, keep: frozenset[tuple[int, int]] = 
                                  "report this with the restore log")
 
 
+PROC_SUPER_MAGIC = 0x9FA0
+
+
+def _proc_root(path: str, st: os.stat_result) -> bool:
+    """Whether path (an fd link) is the root directory of a proc file system."""
+    if not stat.S_ISDIR(st.st_mode) or st.st_ino != 1:
+        return False
+    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type comes first
+    if ctypes.CDLL(None, use_errno=True).statfs(path.encode(), buf) != 0:
+        return False
+    return ctypes.c_long.from_buffer(buf).value == PROC_SUPER_MAGIC
+
+
 def _path_backed(pid: int):
     """(kernel path, access mode, (dev, ino)) of fds, mappings, cwd and exe of pid."""
     base = f"/proc/{pid}"
@@ -208,6 +222,8 @@ def _path_backed(pid: int):
             flags = criu_mod.fd_flags(pid, name)
         except (OSError, AttributeError, ValueError):
             continue
+        if _proc_root(link, st):
+            continue  # CRIU's own fd of the namespace's /proc (unmounted, so it reads "/"): anyone may open it
         if target.startswith("/") and not target.endswith(" (deleted)"):
             acc = flags & os.O_ACCMODE
             mode = os.R_OK if acc == os.O_RDONLY else os.W_OK if acc == os.O_WRONLY else os.R_OK | os.W_OK
