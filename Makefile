@@ -21,10 +21,12 @@ install: all install-helper
 	$(MAKE) -C shim install PREFIX=$(PREFIX)
 	$(MAKE) -C spank install PREFIX=$(PREFIX)
 
-# The root helper that lets ordinary users run CRIU on their own jobs (sudo rule, node key).
+# The root helper that lets ordinary users run CRIU on their own jobs (sudo rule, node key),
+# and the door for Slurm operators: make install GPUCR_OPERATORS=%slurm-ops (a sudoers user list).
 PYTHON ?= $(CURDIR)/.venv/bin/python
+GPUCR_OPERATORS ?=
 install-helper:
-	PREFIX=$(PREFIX) scripts/install-helper $(PYTHON)
+	PREFIX=$(PREFIX) GPUCR_OPERATORS='$(GPUCR_OPERATORS)' scripts/install-helper $(PYTHON)
 
 clean:
 	$(MAKE) -C shim clean

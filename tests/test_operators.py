@@ -3,16 +3,22 @@ restore, with the node agents running as the job's user (CRIU through the root
 helper, so the images stay the user's); and the user's own suspend, which Slurm
 reserves to operators, refused in one line that says whom to ask.
 
-The test cluster has no slurmdbd, so root and SlurmUser (root here) are its only
-operators: a non-root AdminLevel=Operator cannot be tested on it.
+The test cluster has no slurmdbd, so Slurm itself knows no operator but root and
+SlurmUser (root here). An operator who is not root acts on another user's job
+through the operator door (sudo, privileged/operator.py): the site's sudo rule
+names who may; here a test rule names the second test user.
 """
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from job_helpers import assert_counted_once, gpucr, numbers, wait_for
 from user_helpers import as_user, gpucr_as
+
+from gpucr_hpc.cli.operator_door import door_path
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 
@@ -103,6 +109,52 @@ def test_users_suspend_is_refused_and_roots_suspend_resume_restore_work(slurm_cl
         r = gpucr(slurm_cluster, "restore", jobid, check=False)
         assert r.returncode == 0 and "restoring from gen-1" in r.stdout, r.stderr
         wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", what="the requeue")
+        finished_as(slurm_cluster, a, jobid, out, log, steps)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+@pytest.fixture
+def operator(users):
+    """The second test user, let through the operator door by a sudo rule of the test's
+    (SLURM_CONF kept: the test cluster's config is not where Slurm looks by default)."""
+    door = door_path()
+    if not os.access(door, os.X_OK):
+        pytest.skip(f"the operator door {door} is not installed: make install")
+    rule = Path("/etc/sudoers.d/gpucr-test-operator")
+    rule.write_text(f'Defaults!{door} env_keep += "SLURM_CONF"\n'
+                    f"Defaults!{door} !use_pty\n"
+                    f"{users[1].pw_name} ALL=(root) NOPASSWD: {door}\n")
+    rule.chmod(0o440)
+    assert subprocess.run(["visudo", "-cqf", str(rule)]).returncode == 0
+    yield users[1]
+    rule.unlink()
+
+
+def test_an_operator_acts_on_another_users_job_through_the_door(slurm_cluster, users, operator, jobdir):
+    a, op = users[0], operator
+    steps = 400
+    jobid, log, out = users_job(slurm_cluster, a, jobdir, steps)
+    env = slurm_cluster.env
+    images = Path(slurm_cluster.state) / "images" / jobid
+    try:
+        r = gpucr_as(op, "checkpoint", jobid, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "as a Slurm operator" in r.stderr and "checkpointed job" in r.stdout, (r.stdout, r.stderr)
+        assert not owned_by(images, a.pw_uid)  # the agents acted as the job's user
+        r = gpucr_as(op, "suspend", jobid, env=env)
+        assert r.returncode == 0 and slurm_cluster.job(jobid)["JobState"] == "SUSPENDED", r.stderr
+        r = gpucr_as(op, "resume", jobid, env=env)
+        assert r.returncode == 0 and slurm_cluster.job(jobid)["JobState"] == "RUNNING", r.stderr
+        r = gpucr_as(op, "preempt", jobid, env=env)
+        assert r.returncode == 0, r.stderr
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", what="the requeue")
+        # The door runs those commands and nothing else: one line each, exit 2.
+        door = door_path()
+        for args in (("checkpoint", "--pid", "1"), ("ls",), ("restore", jobid, "--to", "/tmp"),
+                     ("checkpoint", f"{jobid};id")):
+            r = as_user(op, "sudo", "-n", door, *args, env=env)
+            assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
         finished_as(slurm_cluster, a, jobid, out, log, steps)
     finally:
         slurm_cluster.run("scancel", jobid, check=False)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gpucr_hpc import units
 from gpucr_hpc.cli import output
+from gpucr_hpc.cli.operator_door import through_door_if_not_mine
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import coordinator, generations, retention
 from gpucr_hpc.job import dirs as job_dirs
@@ -34,6 +35,7 @@ def print_job_result(kind: str, result: dict, as_json: bool) -> None:
 
 
 def checkpoint_job(jobid: str, as_json: bool) -> None:
+    through_door_if_not_mine("checkpoint", jobid, *["--json"] * as_json)
     result = coordinator.checkpoint(jobid)
     result["job"] = f"{jobid} "
     print_job_result("checkpointed", result, as_json)
@@ -51,6 +53,9 @@ def parse_generation(value: str | None) -> int | None:
 
 
 def restore_job(jobid: str, gen: int | None, as_json: bool, resubmit: bool = False) -> None:
+    if not resubmit:
+        through_door_if_not_mine("restore", jobid, *(["--from", str(gen)] if gen is not None else []),
+                                 *["--json"] * as_json)
     result = coordinator.resubmit(jobid, gen) if resubmit else coordinator.restore(jobid, gen)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
@@ -71,6 +76,7 @@ def preempt(jobid, as_json):
     When the job starts again it is restored from this checkpoint instead of
     running its script from the top.
     """
+    through_door_if_not_mine("preempt", jobid, *["--json"] * as_json)
     result = coordinator.preempt(jobid)
     result["job"] = f"{jobid} "
     print_job_result("preempted", result, as_json)
@@ -230,6 +236,7 @@ def suspend(jobid, as_json):
     Every GPU process of every rank is checkpointed in place first; if that
     fails anywhere, the job is left running with its GPU memory.
     """
+    through_door_if_not_mine("suspend", jobid, *["--json"] * as_json)
     print_in_place("suspended", jobid, coordinator.suspend(jobid), as_json)
 
 
@@ -238,6 +245,7 @@ def suspend(jobid, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def resume(jobid, as_json):
     """Resume a job suspended by `gpucr-hpc suspend`, and reclaim its GPU memory in place."""
+    through_door_if_not_mine("resume", jobid, *["--json"] * as_json)
     print_in_place("resumed", jobid, coordinator.resume(jobid), as_json)
 
 

@@ -125,9 +125,9 @@ def show_job(jobid: str) -> Job:
         requeue=d.get("Requeue", "1") == "1", raw=d)
 
 
-def check_access(job: Job, fix: str = "only the job's owner or root can checkpoint, restore or signal it "
-                                      "(Slurm lets no one else start its node agents in it): ask its owner, "
-                                      "or run the command as root") -> None:
+def check_access(job: Job, fix: str = "only the job's owner, root, or a Slurm operator the site lets through "
+                                      "gpucr-operator can checkpoint, restore or signal it (Slurm lets no one "
+                                      "else start its node agents in it): ask its owner or an admin") -> None:
     """Only root and the job's owner may act on a job, or see its checkpoints."""
     me = os.geteuid()
     if me not in (0, job.uid):
