@@ -73,7 +73,6 @@ def test_two_ranks_connected_to_each_other_are_one_connection_between_units(proc
     assert len(c.between_units) == 1
     a, b = c.between_units[0]
     assert {a.unit, b.unit} == {"rank-0.0", "rank-0.1"} and a.local == b.remote and b.local == a.remote
-    assert c.units_linked() == {"rank-0.0", "rank-0.1"}
 
 
 def test_a_connection_within_one_unit_needs_nothing(procs):

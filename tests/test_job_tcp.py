@@ -408,3 +408,57 @@ def test_ranks_connected_across_nodes_keep_their_connection_through_suspends(slu
         assert info["JobState"] == "COMPLETED" and info["Restarts"] == "0", info
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+# A connection inside one process (both ends), a MiB queued each way and never
+# read, while it counts; at the end it reads both queues whole.
+OWN = r"""
+import socket, sys, time
+log, steps, b = sys.argv[1], int(sys.argv[2]), 1 << 20
+srv = socket.create_server(("127.0.0.1", 0))
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+sent = {}
+for x in (c, s):
+    x.setblocking(False)
+    n = 0
+    while n < b:
+        try:
+            n += x.send(bytes([len(sent) + 1]) * min(b - n, 65536))
+        except BlockingIOError:
+            break
+    sent[x] = n
+for i in range(steps):
+    open(log, "a").write(f"{i}\n")
+    time.sleep(0.05)
+for x, peer, mark in ((c, s, 1), (s, c, 2)):
+    peer.setblocking(True)
+    got = peer.recv(sent[x], socket.MSG_WAITALL)
+    assert got == bytes([mark]) * sent[x], (mark, len(got), sent[x])
+open(log, "a").write("queues whole\n")
+"""
+
+
+def test_a_units_own_connection_with_full_queues_survives_preemptions(slurm_cluster, workdir):
+    """Both ends in one unit, the queues full both ways: dumped and restored with
+    every queued byte, twice."""
+    (workdir / "own.py").write_text(OWN)
+    log, out = workdir / "own.txt", workdir / "own.out"
+    script = workdir / "own.sh"
+    script.write_text(f"#!/bin/bash\necho start\n{sys.executable} {workdir}/own.py {log} 500\necho done rc=$?\n")
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-o", str(out))
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(log)) > 10, what="the job to count")
+        for n in (1, 2):
+            gpucr(slurm_cluster, "preempt", jobid)
+            wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(n)
+                     and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120, what=f"restore {n}")
+            at = len(numbers(log))
+            wait_for(lambda: len(numbers(log)) > at + 5, what=f"counting after restore {n}",
+                     detail=lambda: (out.read_text(), slurm_cluster.restore_log(jobid)))
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+        assert log.read_text().splitlines()[-1] == "queues whole", log.read_text()[-200:]
+        assert info["JobState"] == "COMPLETED" and "done rc=0" in out.read_text(), (out.read_text(), info)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)

@@ -142,20 +142,24 @@ def survey(job: dict) -> tuple[Path, list[Unit], list[Socket]]:
 
 
 def tcp_plans(sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
-    """Per unit with TCP sockets: how its dump locks its connections (None: it has
-    none, only listening sockets), and its ends, which a restore elsewhere moves."""
-    linked = c.units_linked()
+    """Per unit with TCP sockets: its ends (which a restore elsewhere moves), its
+    established connections ("links", local end first: the lock a restore takes),
+    which unit holds each peer end outside it ("peers"), and how its dump locks
+    them: "skip", since the agents hold the lock on every one (None: only
+    listening sockets). CRIU's own lock is never used: restoring a connection with
+    data still unsent under it fails (EPIPE) where both ends are restored by one
+    CRIU run."""
     plans: dict[str, dict] = {}
     for s in sockets:
         plan = plans.setdefault(s.unit, {"lock": None, "ends": [], "peers": {}, "links": []})
         plan["ends"].append(s.local)
         if not s.listening:
-            plan["lock"] = "skip" if s.unit in linked else "nftables"
+            plan["lock"] = "skip"
+            plan["links"].append([s.local, s.remote])
     for a, b in c.between_units:
         for mine, peer in ((a, b), (b, a)):
             if mine.unit in plans:
                 plans[mine.unit]["peers"][mine.remote] = peer.unit
-                plans[mine.unit]["links"].append([mine.local, mine.remote])
     return plans
 
 
@@ -267,8 +271,8 @@ def run_checkpoint(args) -> int:
     names_it = any(s.node == node for s in cut.foreign) or (not cut.foreign and node == job.get("batch_host"))
     if rep["ok"] and refusal and names_it:
         rep = {**failed, "errors": [refusal]}
-    flows = [netlock.Flow(s.local, s.remote) for pair in cut.between_units for s in pair if s.node == node]
-    lease = ExitStack()  # the lock on this node's connections between ranks, while we live
+    flows = [netlock.Flow(s.local, s.remote) for s in mine if not s.listening]
+    lease = ExitStack()  # the lock on this node's connections, while we live
     if rep["ok"] and flows:
         try:
             lease.enter_context(netlock.Lease(lock_name, flows, float(config.value("GPUCR_LOCK_LEASE"))))

@@ -38,11 +38,11 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import generations
+from gpucr_hpc.job import generations, rank_connections
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.slurm import commands as slurm
-from gpucr_hpc.slurm.site import load_site
+from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
 
@@ -341,7 +341,7 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     batch = None
     try:
         if "batch" in m["units"]:
-            batch = restore_unit(gen, m["units"]["batch"], site, jobid)
+            batch = restore_batch_unit(gen, m["units"]["batch"], site, jobid)
         (job_dir / generations.RESTORE).unlink(missing_ok=True)
     except GpucrError as e:
         if batch is not None:
@@ -354,6 +354,18 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     log(f"batch tree restored in {time.monotonic() - t0:.2f} s "
         + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s")}))
     return m, gen, batch
+
+
+def restore_batch_unit(gen: Path, unit: dict, site, jobid: str) -> dict:
+    """The script's tree; its own TCP connections (both ends in it) locked while
+    CRIU restores them, their ends on a node address moved to this node's."""
+    links = (unit.get("tcp") or {}).get("links")
+    if not links:
+        return restore_unit(gen, unit, site, jobid)
+    moved = rank_connections.moves(unit, [unit], [node_name()])
+    with netlock.Lease(rank_connections.lock_name(jobid, unit), rank_connections.flows(unit, moved),
+                       float(config.value("GPUCR_LOCK_LEASE")), taken=True) as lease:
+        return restore_unit(gen, unit, site, jobid, moved=moved, lock=lease.spec)
 
 
 def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | None,

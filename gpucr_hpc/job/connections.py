@@ -88,9 +88,6 @@ class Cut:
         return (f"{s.unit} on {s.node} has a network connection that cannot move: TCP {s.local} -> "
                 f"{s.remote}, whose other end is not a process of this job{more}")
 
-    def units_linked(self) -> set[str]:
-        return {s.unit for pair in self.between_units for s in pair}
-
 
 def cut(sockets: list[Socket]) -> Cut:
     """Match the established ends of all the job's units (every node's list)."""

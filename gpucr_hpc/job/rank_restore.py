@@ -119,11 +119,11 @@ def main(argv=None) -> int:
         spec = None
         if unit.get("tcp"):
             moved = rank_connections.moves(unit, ranks, rank_connections.step_nodes(len(ranks)))
-            if unit["tcp"].get("peers"):  # taken by the restore, let go once every rank is back
+            if unit["tcp"].get("links"):  # taken by the restore; let go once every peer rank is back
                 spec = lease.enter_context(netlock.Lease(rank_connections.lock_name(jobid, unit),
                                                          rank_connections.flows(unit, moved),
                                                          float(config.value("GPUCR_LOCK_LEASE")), taken=True)).spec
-                held = True
+                held = bool(unit["tcp"].get("peers"))
         rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved, lock=spec)
     except (GpucrError, IndexError) as e:
         lease.close()
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
             except GpucrError as hold:
                 say(f"gpucr: error: holding job {jobid} failed: {hold.one_line()}")
             return 1
-        lease.close()
+    lease.close()  # its own connections (both ends in the rank) are let go at once
     return rep["_launcher"].wait()
 
 

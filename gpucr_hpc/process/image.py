@@ -145,7 +145,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
     in_place.DEFAULT_TIMEOUT_MS); run_dir: where the shims' control sockets are
     (default shim_client.default_run_dir()). tcp_lock: dump established TCP
     connections, the network locked by CRIU ("nftables") or by the caller ("skip":
-    a job's connections between units, locked on every node, criu/netlock)."""
+    a job's agents lock every connection of its units, criu/netlock)."""
     t0 = time.monotonic()
     timings: dict[str, float] = {}
     criu = criu_mod.find_criu()
