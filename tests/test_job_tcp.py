@@ -462,3 +462,90 @@ def test_a_units_own_connection_with_full_queues_survives_preemptions(slurm_clus
         assert info["JobState"] == "COMPLETED" and "done rc=0" in out.read_text(), (out.read_text(), info)
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+# The batch script's server: every rank streams numbered words to it, and it
+# checks each connection's words come once and in order.
+SERVER = r"""
+import os, select, socket, struct, sys
+port, workdir, n_ranks, words = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+log = open(f"{workdir}/server.txt", "a", buffering=1)
+addr = socket.gethostbyname(os.environ["SLURMD_NODENAME"])
+srv = socket.create_server((addr, port))
+open(f"{workdir}/server-addr.tmp", "w").write(addr)
+os.rename(f"{workdir}/server-addr.tmp", f"{workdir}/server-addr")
+conns = [srv.accept()[0] for _ in range(n_ranks)]
+want, buf = {c: 0 for c in conns}, {c: b"" for c in conns}
+while any(want[c] < words for c in conns):
+    for c in select.select([c for c in conns if want[c] < words], [], [], 60)[0]:
+        data = c.recv(65536)
+        if not data:
+            log.write(f"closed at {want[c]}\n")
+            sys.exit(1)
+        buf[c] += data
+        n = len(buf[c]) // 4
+        got = struct.unpack(f"!{n}I", buf[c][:4 * n])
+        buf[c] = buf[c][4 * n:]
+        if list(got) != list(range(want[c], want[c] + n)):
+            log.write(f"bad after {want[c]}\n")
+            sys.exit(1)
+        want[c] += n
+    log.write(f"{sum(want.values())}\n")
+log.write("all words once, in order\n")
+"""
+
+CLIENT = r"""
+import socket, struct, sys, time
+port, workdir, words, per_tick, tick = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+for _ in range(300):
+    try:
+        conn = socket.create_connection((open(f"{workdir}/server-addr").read(), port))
+        break
+    except OSError:
+        time.sleep(0.1)
+for i in range(0, words, per_tick):
+    conn.sendall(b"".join(struct.pack("!I", w) for w in range(i, min(i + per_tick, words))))
+    time.sleep(tick)
+conn.shutdown(socket.SHUT_WR)
+"""
+
+
+def test_ranks_connected_to_the_batch_script_move_with_it(slurm_cluster, workdir):
+    """A server in the batch script, a client in each of two ranks on two nodes:
+    checkpointed in place, preempted with the batch node drained (the server's
+    address moves with the script), preempted again; every word once."""
+    if not slurm_cluster.netns:
+        pytest.skip("needs the test cluster's netns mode (scripts/testcluster up)")
+    port = 21000 + os.getpid() % 10000
+    (workdir / "server.py").write_text(SERVER)
+    (workdir / "client.py").write_text(CLIENT)
+    script = workdir / "batch.sh"
+    script.write_text(f"#!/bin/bash\necho start\n{sys.executable} {workdir}/server.py {port} {workdir} 2 {WORDS} &\n"
+                      f"srun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/client.py {port} {workdir} "
+                      f"{WORDS} {PER_TICK} {TICK}\nwait $!\necho after server rc=$?\n")
+    log, out = workdir / "server.txt", workdir / "batch.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "-o", str(out))
+    drained = None
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(log)) > 5, what="the server to read")
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        for n in (1, 2):
+            drained = slurm_cluster.job(jobid)["BatchHost"]
+            slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
+            gpucr(slurm_cluster, "preempt", jobid)
+            wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(n)
+                     and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=180, what=f"restore {n}")
+            assert slurm_cluster.job(jobid)["BatchHost"] != drained
+            slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME")
+            drained = None
+            at = len(numbers(log))
+            wait_for(lambda: len(numbers(log)) > at + 5, timeout=120, what=f"the server reading after restore {n}",
+                     detail=lambda: (out.read_text(), log.read_text()[-300:], slurm_cluster.restore_log(jobid)))
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+        assert log.read_text().splitlines()[-1] == "all words once, in order", log.read_text()[-300:]
+        assert info["JobState"] == "COMPLETED" and "after server rc=0" in out.read_text(), (out.read_text(), info)
+    finally:
+        if drained:
+            slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
+        slurm_cluster.run("scancel", jobid, check=False)

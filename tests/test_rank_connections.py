@@ -4,7 +4,6 @@ Pure decisions from the manifest's record and the restore step's layout: node
 names here are addresses, so resolving them needs no name service.
 """
 
-import shutil
 
 import pytest
 
@@ -23,29 +22,34 @@ RANKS = [
 
 
 def test_node_address_ends_move_and_loopback_and_wildcard_ends_stay():
-    nodes = ["10.0.0.21", "10.0.0.22"]  # rank 0 now on .21, rank 1 on .22
-    moved = rc.moves(RANKS[0], RANKS, nodes)
+    where = {"rank-0.0": "10.0.0.21", "rank-0.1": "10.0.0.22"}  # rank 0 now on .21, rank 1 on .22
+    moved = rc.moves(RANKS[0], where)
     assert moved == {"10.0.0.11:5000": "10.0.0.21", "10.0.0.12:40000": "10.0.0.22"}
     assert rc.flows(RANKS[0], moved) == [rc.netlock.Flow("10.0.0.21:5000", "10.0.0.22:40000")]
-    peer = rc.moves(RANKS[1], RANKS, nodes)
+    peer = rc.moves(RANKS[1], where)
     assert rc.flows(RANKS[1], peer) == [rc.netlock.Flow("10.0.0.22:40000", "10.0.0.21:5000")]
 
 
 def test_a_node_without_an_address_is_one_line():
     with pytest.raises(GpucrError, match="no address"):
-        rc.moves(RANKS[1], RANKS, ["no-such-node.invalid", "no-such-node.invalid"])
+        rc.moves(RANKS[1], {"rank-0.0": "no-such-node.invalid", "rank-0.1": "no-such-node.invalid"})
 
 
-@pytest.mark.skipif(not shutil.which("scontrol"), reason="needs Slurm's scontrol (hostlist expansion)")
-def test_the_step_layout_places_ranks_in_blocks(monkeypatch, tmp_path):
-    conf = tmp_path / "slurm.conf"  # hostlist expansion needs a configuration, not a controller
-    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\n")
-    monkeypatch.setenv("SLURM_CONF", str(conf))
-    monkeypatch.setenv("SLURM_STEP_NODELIST", "n[1-3]")
-    monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", "2(x2),1")
-    assert rc.step_nodes(5) == ["n1", "n1", "n2", "n2", "n3"]
-    with pytest.raises(GpucrError, match="cannot tell where the 4 ranks"):
-        rc.step_nodes(4)
+def test_the_kth_node_of_the_ranks_becomes_the_kth_of_the_allocation():
+    ranks = [{"name": f"rank-0.{i}", "node": n} for i, n in enumerate(["n3", "n3", "n1", "n1", "n2"])]
+    assert rc.placement(ranks, ["a", "b", "c"]) == ["a", "a", "b", "b", "c"]
+    with pytest.raises(GpucrError, match="ran on 3 nodes and it now has 2"):
+        rc.placement(ranks, ["a", "b"])
+
+
+def test_where_now_is_the_restores_placement_and_the_batch_node(monkeypatch):
+    monkeypatch.setenv(rc.RANK_NODES_ENV, "n2,n3")
+    monkeypatch.setenv(rc.BATCH_NODE_ENV, "n2")
+    assert rc.where_now(RANKS) == {"rank-0.0": "n2", "rank-0.1": "n3", "batch": "n2"}
+    monkeypatch.setenv(rc.RANK_NODES_ENV, "n2")
+    with pytest.raises(GpucrError, match="places 1 ranks"):
+        rc.where_now(RANKS)
+
 
 
 def test_holding_until_all_back_times_out_in_one_line(tmp_path):

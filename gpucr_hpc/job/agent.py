@@ -267,8 +267,7 @@ def run_checkpoint(args) -> int:
     every = [connections.Socket(**d) for sent in comm.allgather([s.as_dict() for s in mine]) for d in sent]
     cut = connections.cut(every)
     refusal = cut.refusal()
-    # One node names the refusal: the one holding the foreign end, else the batch host.
-    names_it = any(s.node == node for s in cut.foreign) or (not cut.foreign and node == job.get("batch_host"))
+    names_it = any(s.node == node for s in cut.foreign)  # one node names the refusal: the foreign end's
     if rep["ok"] and refusal and names_it:
         rep = {**failed, "errors": [refusal]}
     flows = [netlock.Flow(s.local, s.remote) for s in mine if not s.listening]

@@ -255,10 +255,13 @@ def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = N
     back_dir = gen.parent / RANKS_BACK
     shutil.rmtree(back_dir, ignore_errors=True)  # an earlier restore's
     back_dir.mkdir(mode=0o700)
-    nodes = sorted({u["node"] for u in ranks})
-    argv = ["srun", f"--nodes={len(nodes)}", f"--ntasks={len(ranks)}", "--gpucr=off",
+    where = where_now(m)
+    placed = [where[u["name"]] for u in ranks_of(m)]
+    hostfile = gen.parent / "rank-nodes"  # the layout the ranks are restored to, one line per rank
+    hostfile.write_text("".join(f"{n}\n" for n in placed))
+    argv = ["srun", f"--nodes={len(set(placed))}", f"--ntasks={len(ranks)}", "--gpucr=off",
             "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
-            "--distribution=block", sys.executable, "-m", "gpucr_hpc.job.rank_restore",
+            "--distribution=arbitrary", sys.executable, "-m", "gpucr_hpc.job.rank_restore",
             "--gen-dir", str(gen)]
     # The job's submission token stays: the plugin makes the job's run dir for this
     # --gpucr=off step only in a --gpucr=on job, which the token tells.
@@ -266,6 +269,8 @@ def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = N
            if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE")) or k == "SLURM_SPANK_GPUCR_SUBMISSION"}
     # The real srun: the wrapper is first in PATH in the batch step.
     env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p != load_site().bindir)
+    env.update({"SLURM_HOSTFILE": str(hostfile), rank_connections.RANK_NODES_ENV: ",".join(placed),
+                rank_connections.BATCH_NODE_ENV: where["batch"]})
     step = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
     while step.poll() is None and _ranks_back(gen.parent) < len(ranks):
         time.sleep(RANKS_POLL_S)
@@ -341,7 +346,7 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     batch = None
     try:
         if "batch" in m["units"]:
-            batch = restore_batch_unit(gen, m["units"]["batch"], site, jobid)
+            batch = restore_batch_unit(gen, m, site, jobid, lock)
         (job_dir / generations.RESTORE).unlink(missing_ok=True)
     except GpucrError as e:
         if batch is not None:
@@ -356,16 +361,36 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     return m, gen, batch
 
 
-def restore_batch_unit(gen: Path, unit: dict, site, jobid: str) -> dict:
-    """The script's tree; its own TCP connections (both ends in it) locked while
-    CRIU restores them, their ends on a node address moved to this node's."""
-    links = (unit.get("tcp") or {}).get("links")
-    if not links:
+def ranks_of(m: dict) -> list[dict]:
+    return sorted((u for u in m["units"].values() if u["name"].startswith("rank-")), key=lambda u: u["rank"])
+
+
+def where_now(m: dict) -> dict[str, str]:
+    """Unit name -> its node in this restore (rank_connections.placement)."""
+    ranks = ranks_of(m)
+    nodes = rank_connections.placement(ranks, slurm.hostnames(os.environ.get("SLURM_JOB_NODELIST", "")))
+    return {**{r["name"]: n for r, n in zip(ranks, nodes)}, "batch": node_name()}
+
+
+def restore_batch_unit(gen: Path, m: dict, site, jobid: str, hold: ExitStack) -> dict:
+    """The script's tree, its TCP connections locked while CRIU restores them and
+    their ends moved to where they are now; the lock on those to ranks goes into
+    `hold`, let go once every rank is back (restore_rank_step)."""
+    unit = m["units"]["batch"]
+    tcp = unit.get("tcp") or {}
+    if not tcp:
         return restore_unit(gen, unit, site, jobid)
-    moved = rank_connections.moves(unit, [unit], [node_name()])
-    with netlock.Lease(rank_connections.lock_name(jobid, unit), rank_connections.flows(unit, moved),
-                       float(config.value("GPUCR_LOCK_LEASE")), taken=True) as lease:
-        return restore_unit(gen, unit, site, jobid, moved=moved, lock=lease.spec)
+    moved = rank_connections.moves(unit, where_now(m))
+    if not tcp.get("links"):
+        return restore_unit(gen, unit, site, jobid, moved=moved)
+    lease = netlock.Lease(rank_connections.lock_name(jobid, unit), rank_connections.flows(unit, moved),
+                          float(config.value("GPUCR_LOCK_LEASE")), taken=True)
+    with ExitStack() as mine:
+        mine.enter_context(lease)
+        rep = restore_unit(gen, unit, site, jobid, moved=moved, lock=lease.spec)
+        if tcp.get("peers"):
+            hold.push(mine.pop_all())
+    return rep
 
 
 def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | None,

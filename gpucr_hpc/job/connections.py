@@ -75,12 +75,6 @@ class Cut:
     foreign: list[Socket]                       # ends whose peer is not in the job
 
     def refusal(self) -> str | None:
-        batch = [p for p in self.between_units if "batch" in (p[0].unit, p[1].unit)]
-        if batch and not self.foreign:
-            a, b = batch[0]
-            return (f"{a.unit} on {a.node} and {b.unit} on {b.node} are connected (TCP {a.local} -> "
-                    f"{a.remote}): a connection between the batch script and a rank cannot move yet, "
-                    f"only connections between ranks")
         if not self.foreign:
             return None
         s = self.foreign[0]

@@ -1,9 +1,12 @@
 """A restored rank's TCP connections: where their ends are now, and the hold.
 
-The checkpoint recorded, per rank, the local ends of its connections and, for
-each connection to another rank, which rank holds the other end. The restore
-step places rank N on the node of its task N (block distribution, as the
-step that ran), so every task knows where every rank goes without asking:
+The checkpoint recorded, per unit (rank or batch script), the local ends of its
+connections and, for each connection to another unit, which unit holds the
+other end. The restore decides where each rank goes before anything is
+restored (placement: the ranks of the job's k-th node go to the k-th node of
+the new allocation, the batch script where the job's batch step now runs), and
+the rank step is launched to that layout (srun --distribution=arbitrary), so
+every unit knows where every peer goes without asking:
 
 * an end on a node address moves to the new node's address (ports stay),
   listening ones too; an end on a loopback address stays, since its peer
@@ -25,25 +28,34 @@ from pathlib import Path
 from gpucr_hpc import tcp_end
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.slurm import commands as slurm
 
 POLL_S = 0.1
 
 
-def step_nodes(n_tasks: int) -> list[str]:
-    """The node of each task of this step, by task id (block distribution)."""
-    nodes = slurm.hostnames(os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", ""))
-    counts: list[int] = []
-    for part in (os.environ.get("SLURM_STEP_TASKS_PER_NODE") or "").split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if m:
-            counts += [int(m.group(1))] * int(m.group(2) or 1)
-    out = [node for node, k in zip(nodes, counts) for _ in range(k)]
-    if len(out) != n_tasks:
-        raise GpucrError(f"cannot tell where the {n_tasks} ranks are restored from this step's layout "
-                         f"({os.environ.get('SLURM_STEP_NODELIST')}, {os.environ.get('SLURM_STEP_TASKS_PER_NODE')})",
-                         "restore the job on as many tasks as it had")
-    return out
+RANK_NODES_ENV = "GPUCR_RANK_NODES"   # the rank step's placement, one node per rank
+BATCH_NODE_ENV = "GPUCR_BATCH_NODE"   # where the batch script is restored
+
+
+def placement(ranks: list[dict], job_nodes: list[str]) -> list[str]:
+    """The node of each rank (by rank) in the new allocation: the k-th node the
+    ranks ran on (in rank order) becomes the allocation's k-th."""
+    old = list(dict.fromkeys(r["node"] for r in ranks))
+    if len(job_nodes) < len(old):
+        raise GpucrError(f"the job's ranks ran on {len(old)} nodes and it now has {len(job_nodes)}",
+                         "restore the job on as many nodes as it had")
+    return [job_nodes[old.index(r["node"])] for r in ranks]
+
+
+def where_now(ranks: list[dict]) -> dict[str, str]:
+    """Unit name -> its node in this restore, as the batch restore placed them."""
+    nodes = [n for n in os.environ.get(RANK_NODES_ENV, "").split(",") if n]
+    if len(nodes) != len(ranks):
+        raise GpucrError(f"this restore step places {len(nodes)} ranks ({RANK_NODES_ENV}) and the "
+                         f"image has {len(ranks)}", "restore the job with gpucr-hpc restore, not by hand")
+    where = {r["name"]: n for r, n in zip(ranks, nodes)}
+    if os.environ.get(BATCH_NODE_ENV):
+        where["batch"] = os.environ[BATCH_NODE_ENV]
+    return where
 
 
 def _address(node: str) -> str:
@@ -60,10 +72,10 @@ def _stays(end: str) -> bool:
     return ip.is_loopback or ip.is_unspecified
 
 
-def moves(unit: dict, ranks: list[dict], nodes: list[str]) -> dict[str, str]:
-    """The unit's TCP ends ("addr:port") that are elsewhere now -> their new address."""
+def moves(unit: dict, where: dict[str, str]) -> dict[str, str]:
+    """The unit's TCP ends ("addr:port") that are elsewhere now -> their new address;
+    `where`: unit name -> its node now."""
     tcp = unit.get("tcp") or {}
-    where = {r["name"]: nodes[i] for i, r in enumerate(ranks)}
     moved: dict[str, str] = {}
     for end in tcp.get("ends", []):
         if not _stays(end):  # names are resolved only where an end moves
@@ -75,7 +87,7 @@ def moves(unit: dict, ranks: list[dict], nodes: list[str]) -> dict[str, str]:
 
 
 def flows(unit: dict, moved: dict[str, str]) -> list[netlock.Flow]:
-    """The unit's connections to other ranks, with their ends where they are now."""
+    """The unit's established connections, with their ends where they are now."""
 
     def now(end: str) -> str:
         addr, port = tcp_end.parse(end)

@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         moved: dict[str, str] = {}
         spec = None
         if unit.get("tcp"):
-            moved = rank_connections.moves(unit, ranks, rank_connections.step_nodes(len(ranks)))
+            moved = rank_connections.moves(unit, rank_connections.where_now(ranks))
             if unit["tcp"].get("links"):  # taken by the restore; let go once every peer rank is back
                 spec = lease.enter_context(netlock.Lease(rank_connections.lock_name(jobid, unit),
                                                          rank_connections.flows(unit, moved),
