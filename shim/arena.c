@@ -303,7 +303,12 @@ static int register_pending(gpucr_register_fn reg)
     return 0;
 }
 
-/* A new segment of at least `more` bytes. It is created and pre-faulted
+static char last_error[600]; /* why the last growth was refused, "" when it was not */
+
+const char *gpucr_arena_error(void) { return last_error; }
+
+/* A new segment of at least `more` bytes, where the process's memory cgroups
+ * and the node leave room for it (mem_room.c; not for hugetlbfs pages). It is created and pre-faulted
  * without holding mu (seconds for tens of GiB), so lookups and placements in
  * the segments there are go on meanwhile. Not while segments are detached. */
 int gpucr_arena_grow(size_t more)
@@ -317,6 +322,13 @@ int gpucr_arena_grow(size_t more)
         errno = busy ? EBUSY : full ? ENOSPC : EINVAL;
         return -1;
     }
+    if (!hugetlb && gpucr_mem_room_for(more, last_error, sizeof last_error) != 0) {
+        pthread_mutex_unlock(&grow_mu);
+        gpucr_log("arena: %s", last_error);
+        errno = ENOMEM;
+        return -1;
+    }
+    last_error[0] = '\0';
     double t0 = gpucr_now();
     struct seg s;
     if (new_segment(&s, more) != 0) {

@@ -37,6 +37,7 @@ static int ready;          /* the arena is there and the copy set up */
 static double helper_s;    /* the copy helper's mapping and pinning, summed */
 static pthread_t thread;
 static int running;
+static int said_no_room;  /* the job was told once that the arena had no room */
 
 int gpucr_arena_ready(void) { return __atomic_load_n(&ready, __ATOMIC_ACQUIRE); }
 const char *gpucr_arena_ready_mode(void)
@@ -131,9 +132,11 @@ static void follow(int helper_rc)
             if (gpucr_arena_grow(more) != 0) {
                 int e = errno;
                 gpucr_log("arena: growing by %zu bytes failed (%s)", more, strerror(e));
-                if (report)
+                if (report || (*gpucr_arena_error() && !said_no_room)) /* said once: it follows every change */
                     fprintf(stderr, "gpucr: growing the arena in %s by %.2f GiB failed (%s); a checkpoint will try "
-                            "again\n", gpucr_arena_dir(), more / 1073741824.0, strerror(e));
+                            "again\n", gpucr_arena_dir(), more / 1073741824.0,
+                            *gpucr_arena_error() ? gpucr_arena_error() : strerror(e));
+                said_no_room |= *gpucr_arena_error() != '\0';
                 continue; /* again when the footprint changes */
             }
             create_s = gpucr_now() - t0;

@@ -454,7 +454,8 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     if (!fail && w.n) {
         gpucr_use_ctx(w.p[0]->ctx);
         if (gpucr_arena_place(sizes, w.n, hosts, gpucr_pin_arena ? gpucr_host_register : NULL) != 0)
-            fail = "the host arena could not grow (out of shared memory or huge pages?)";
+            fail = *gpucr_arena_error() ? gpucr_arena_error()
+                                         : "the host arena could not grow (out of shared memory or huge pages?)";
     }
     for (size_t i = 0; !fail && i < w.n; i++)
         w.p[i]->host = hosts[i];

@@ -138,6 +138,13 @@ int gpucr_arena_prealloc(size_t size);
 /* A new segment of at least `more` bytes, created without blocking placements:
  * 0, or -1 with errno (EBUSY while detached, ENOSPC: no segment left). */
 int gpucr_arena_grow(size_t more);
+/* Why the last growth was refused for lack of room ("" when it was not). */
+const char *gpucr_arena_error(void);
+/* Host memory this process may still take: its memory cgroups' limits and the
+ * node's MemAvailable, the least (SIZE_MAX when none is known); `where` says
+ * which. mem_room_for: 0 when `more` fits with a reserve, else -1 and why. */
+size_t gpucr_mem_room(char *where, size_t wlen);
+int gpucr_mem_room_for(size_t more, char *why, size_t len);
 /* How much to grow an arena of `capacity` that lacks `missing` bytes ahead of a
  * checkpoint: at least 1/8 of it and 256 MiB, so growth in small steps makes
  * few segments (far fewer than GPUCR_ARENA_MAX_SEGS). */
