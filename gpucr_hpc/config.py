@@ -115,8 +115,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GPUCR_ARENA_PREALLOC", "size", None,
        "A size (`80G`): create the arena at start (what `run --arena-size` sets); `auto`: grow it in the "
        "background as the GPU memory grows ([In a Slurm job](user.md#in-a-slurm-job)). Anything else is one line on "
-       "stderr, and the arena is made at the first checkpoint. A job's own wins over plugstack `arena_prealloc=`.",
-       "shim plugin", set_by=("user", "plugin", "gpucr-hpc"), default_doc="made at the first checkpoint"),
+       "stderr, and the arena is made at the first checkpoint, as without the variable. A job's own wins over "
+       "plugstack `arena_prealloc=`.",
+       "shim plugin", set_by=("user", "plugin", "gpucr-hpc"),
+       default_doc="`auto` in jobs (plugstack `arena_prealloc=`) and under `gpucr-hpc run`"),
     _s("GPUCR_ARENA_PIN", "flag", None,
        "`1`: pin the whole arena once and let the GPU copy into it directly, without the staging ring; "
        "`0`: never.",
@@ -216,6 +218,13 @@ SETTINGS: tuple[Setting, ...] = (
        "The image generation a job submitted by `gpucr-hpc restore` of a job Slurm forgot starts from "
        "(`sbatch --export`); the plugin makes its batch step a restore.",
        "python plugin", set_by=("gpucr-hpc",)),
+    _s("GPUCR_RANK_NODES", "text", None,
+       "The node each rank of a job's restore step is restored on, comma-separated, by rank: the layout the "
+       "batch step's restore decided and launched the step to (`srun --distribution=arbitrary`).",
+       "job", set_by=("gpucr-hpc",)),
+    _s("GPUCR_BATCH_NODE", "text", None,
+       "Where the batch script of a job being restored runs: its ranks move their connections to it there.",
+       "job", set_by=("gpucr-hpc",)),
     _s("GPUCR_BATCH_SUPERVISE", "flag", "0",
        "`1`: `gpucr-hpc` is the batch step's task, the supervisor of the batch script.",
        "python", set_by=_JOB),
@@ -281,6 +290,13 @@ SETTINGS: tuple[Setting, ...] = (
        "scripts", set_by=("test", "scripts"), default_doc="`.venv/bin/gpucr-hpc`"),
     _s("GPUCR_RESULTS_DIR", "path", None, "Where GPU tests write their JSON results.", "test",
        set_by=("scripts",), default_doc="the test's tmp dir"),
+    _s("GPUCR_OPERATORS", "text", None,
+       "`make install GPUCR_OPERATORS=%group`: a sudoers user list let through the operator door "
+       "(`libexec/gpucr-operator`) to act on any job (admin guide, 'Slurm operators who are not root').",
+       "scripts", set_by=("user",), default_doc="none: only root acts on other users' jobs"),
+    _s("GPUCR_CGROUP_ROOT", "path", "/sys/fs/cgroup",
+       "Where the shim reads the process's memory cgroups (the arena grows only where their limits leave "
+       "room); the shim's C unit tests point it at a tree they make.", "shim test", set_by=("test",)),
     _s("GPUCR_PYTHON", "path", "/usr/bin/python3", "The Python `scripts/setup-venv` makes the venv with.",
        "scripts", set_by=("user",)),
 )

@@ -72,7 +72,8 @@ def start(args, gib, shim: bool, run_dir: Path, extra_env: dict | None = None):
             env["GPUCR_COPY_THREADS"] = str(args.copy_threads)
         extra = ["--arena", args.arena] if args.arena else []
         size = "auto" if args.arena_auto else f"{gib + 0.25}G"
-        cmd = [sys.executable, "-m", "gpucr_hpc", "run", "--arena-size", size, *extra, "--"] + cmd
+        extra += [] if args.arena_at_checkpoint else ["--arena-size", size]
+        cmd = [sys.executable, "-m", "gpucr_hpc", "run", *extra, "--"] + cmd
     p = Proc(cmd, env)
     if not p.wait_steps(2, 300):
         p.p.kill()
@@ -136,6 +137,8 @@ SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "helpe
 def ready(st: dict, args) -> bool:
     """The arena is made (auto: grown to the footprint, and with the helper
     every segment pinned by it): what a checkpoint would otherwise pay."""
+    if args.arena_at_checkpoint:
+        return st.get("gpu_bytes", 0) > 0
     if not st.get("arena_ready"):
         return False
     if not args.arena_auto:
@@ -146,6 +149,7 @@ def ready(st: dict, args) -> bool:
 
 def gpucr(args, gib) -> dict:
     run_dir = Path("/tmp/gpucr-bench-run")
+    t_start = time.monotonic()
     p = start(args, gib, True, run_dir)
     pid = p.p.pid
     try:
@@ -153,6 +157,7 @@ def gpucr(args, gib) -> dict:
         deadline = time.monotonic() + 300
         while not ready(dict(c.status().raw), args) and time.monotonic() < deadline:
             time.sleep(0.1)
+        ready_after_s = time.monotonic() - t_start  # the program's start, its data, and (auto) the arena
         st = c.status().raw
         one_time = {k: st.get(k) for k in ("arena_ready", "arena_setup_s", "helper_setup_s", "arena_bytes", "arena_dir",
                                             "arena_hugetlb", "arena_pinned", "staging_bytes", "arena_prealloc",
@@ -177,6 +182,7 @@ def gpucr(args, gib) -> dict:
         lines = finish(p)
         # what `gpucr-hpc run` printed (stderr is read to its end)
         one_time["run_stderr"] = [ln for ln in p.err.splitlines() if ln.startswith("gpucr:")]
+        one_time["ready_after_s"] = ready_after_s
         return {"one_time": one_time, "cycles": cycles, "prefilled": prefilled, "continued": ok, "_lines": lines}
     finally:
         if p.p.poll() is None:
@@ -257,6 +263,8 @@ def main():
     ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")
     ap.add_argument("--copy-helper", action="store_true",
                     help="move the data through `gpucr-hpc copy-helper` (GPUCR_COPY_HELPER), started here")
+    ap.add_argument("--arena-at-checkpoint", action="store_true",
+                    help="no arena made ahead: the first checkpoint makes it (arena_prealloc=off)")
     ap.add_argument("--arena-auto", action="store_true",
                     help="gpucr-hpc run --arena-size auto: the arena grows in the background as the GPU memory "
                          "does (a Slurm job's arena_prealloc=auto); the cycles start once it has")
@@ -282,6 +290,7 @@ def run(args):
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "options": {"arena": args.arena or "/dev/shm", "pin": args.pin, "copy_threads": args.copy_threads or None,
                        "cycles": args.cycles, "copy_helper": args.copy_helper, "arena_auto": args.arena_auto,
+                       "arena_at_checkpoint": args.arena_at_checkpoint,
                        "prefill_cycles": args.prefill_cycles if args.copy_helper else 0, "env": {k: v for k, v in os.environ.items() if k.startswith("GPUCR_")}},
            "raw_pinned": raw_bandwidth(args.raw_gib) if args.raw_gib else {}, "footprints": []}
     out = Path(args.out)
@@ -299,6 +308,10 @@ def run(args):
         lines = [row[k].pop("_lines", None) for k in ("gpucr", "driver_only") if k in row]
         if len(lines) == 2 and all(lines):
             row["bit_identical"] = lines[0] == lines[1] and any(ln.startswith("checksum") for ln in lines[0])
+        if row.get("gpucr", {}).get("cycles"):
+            totals = [c["checkpoint"]["total_s"] for c in row["gpucr"]["cycles"]]
+            row["first_checkpoint_s"] = totals[0]  # the one a preemption usually brings
+            row["steady_checkpoint_s"] = min(totals[1:]) if len(totals) > 1 else None
         if "cycles" in row.get("gpucr", {}) and "d2h_GBps" in res["raw_pinned"]:
             row["ratios"] = ratios(row, res["raw_pinned"])
         res["footprints"].append(row)

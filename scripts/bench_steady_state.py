@@ -265,7 +265,8 @@ def main() -> int:
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "method": "fresh process per round and variant, order alternating (A B, B A, ...); "
                          "median of per-step wall times with a device sync per step",
-               "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "workloads": []}
+               "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "workloads": [],
+               "env": {k: v for k, v in os.environ.items() if k.startswith("GPUCR_")}}
     args.cpu_set = parse_cpus(args.cpus)
     results["cpus"] = sorted(args.cpu_set)
     for mod in ("torch", "cupy"):

@@ -97,7 +97,8 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 	snprintf(site->bindir, sizeof(site->bindir), "%s", DEFAULT_BINDIR);
 	snprintf(site->signal, sizeof(site->signal), "%s", DEFAULT_SIGNAL);
 	snprintf(site->copy_helper, sizeof(site->copy_helper), "%s", DEFAULT_OFF);
-	snprintf(site->arena_prealloc, sizeof(site->arena_prealloc), "%s", DEFAULT_OFF);
+	/* made ahead by default: the first checkpoint then costs what a later one does */
+	snprintf(site->arena_prealloc, sizeof(site->arena_prealloc), "%s", "auto");
 
 	for (int i = 0; i < ac; i++) {
 		const char *eq = strchr(av[i], '=');

@@ -61,11 +61,12 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 @click.option("--arena", type=click.Path(exists=True, file_okay=False), default=None,
               help="Directory for the host arena: a hugetlbfs mount for huge pages "
                    "(default: /dev/shm).")
-@click.option("--arena-size", default=None, metavar="SIZE|auto",
-              help="Create and pre-fault this much arena at start (e.g. 80G), and its pinned staging "
-                   "ring once the program uses CUDA, so the first checkpoint does not pay for it; "
-                   "auto: grow it in the background as the program's GPU memory grows. "
-                   "The one-time costs are printed on stderr.")
+@click.option("--arena-size", default=None, metavar="SIZE|auto|off",
+              help="The host arena made ahead, so the first checkpoint costs what a later one does. "
+                   "auto (the default, unless GPUCR_ARENA_PREALLOC says otherwise): grown in the background "
+                   "as the program's GPU memory grows, where the job's memory limit leaves room; SIZE (e.g. "
+                   "80G): created and pre-faulted at start; off: made by the first checkpoint. Given here, "
+                   "the one-time costs are printed on stderr.")
 @click.option("--copy-helper", "use_helper", is_flag=True,
               help="Move the GPU data through `gpucr-hpc copy-helper` (started now unless one serves "
                    "this user here; it exits after GPUCR_COPY_HELPER_IDLE seconds, default 600, without "
@@ -75,13 +76,17 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(arena, arena_size, use_helper, run_dir, cmd):
     """Run CMD under the shim (it keeps this PID), ready for checkpoint --pid."""
-    if arena_size is not None and not re.fullmatch(r"\d+(\.\d+)?[KMGkmg]?|auto", arena_size):
-        raise GpucrError(f"bad --arena-size {arena_size!r}", "give bytes, a size like 512M or 80G, or auto")
-    env = shim_environment(os.environ, arena, str(run_dir) if run_dir else None, arena_size)
+    if arena_size is not None and not re.fullmatch(r"\d+(\.\d+)?[KMGkmg]?|auto|off", arena_size):
+        raise GpucrError(f"bad --arena-size {arena_size!r}", "give bytes, a size like 512M or 80G, auto or off")
+    ahead = arena_size or config.value("GPUCR_ARENA_PREALLOC") or "auto"
+    env = shim_environment(os.environ, arena, str(run_dir) if run_dir else None,
+                           None if ahead == "off" else ahead)
+    if ahead == "off":
+        env.pop("GPUCR_ARENA_PREALLOC", None)
     if use_helper:
         env["GPUCR_COPY_HELPER"] = str(_start_helper(Path(env["GPUCR_RUN_DIR"])))
-    if arena_size:
-        env["GPUCR_ARENA_REPORT"] = "1"  # the shim tells the one-time setup cost on stderr
+    if arena_size and arena_size != "off":
+        env["GPUCR_ARENA_REPORT"] = "1"  # asked for: the shim tells the one-time setup cost on stderr
     try:
         os.execvpe(cmd[0], list(cmd), env)
     except FileNotFoundError:

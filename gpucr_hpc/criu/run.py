@@ -434,6 +434,15 @@ def is_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def wait_reaped(pid: int, timeout: float = 2.0) -> None:
+    """Waits (at most `timeout`) until no process of pid's tree is exiting: CRIU
+    refuses a tree with a process caught mid-exit ("zombies with threads"), and
+    its parent reaps it in a moment. One that stays a zombie is left to CRIU."""
+    deadline = time.monotonic() + timeout
+    while any(not is_alive(p) for p in process_tree(pid)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def wait_gone(pids: list[int], timeout: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout
     while any(is_alive(p) for p in pids):

@@ -25,7 +25,7 @@ import socket
 import time
 from pathlib import Path
 
-from gpucr_hpc import tcp_end
+from gpucr_hpc import config, tcp_end
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
 
@@ -48,13 +48,13 @@ def placement(ranks: list[dict], job_nodes: list[str]) -> list[str]:
 
 def where_now(ranks: list[dict]) -> dict[str, str]:
     """Unit name -> its node in this restore, as the batch restore placed them."""
-    nodes = [n for n in os.environ.get(RANK_NODES_ENV, "").split(",") if n]
+    nodes = [n for n in (config.value(RANK_NODES_ENV) or "").split(",") if n]
     if len(nodes) != len(ranks):
         raise GpucrError(f"this restore step places {len(nodes)} ranks ({RANK_NODES_ENV}) and the "
                          f"image has {len(ranks)}", "restore the job with gpucr-hpc restore, not by hand")
     where = {r["name"]: n for r, n in zip(ranks, nodes)}
-    if os.environ.get(BATCH_NODE_ENV):
-        where["batch"] = os.environ[BATCH_NODE_ENV]
+    if config.value(BATCH_NODE_ENV):
+        where["batch"] = config.value(BATCH_NODE_ENV)
     return where
 
 

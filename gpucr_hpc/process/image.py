@@ -192,6 +192,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         dump_dir.mkdir(exist_ok=True, mode=0o700)
         work = Path(tempfile.mkdtemp(prefix="gpucr-dump-"))
         t = time.monotonic()
+        criu_mod.wait_reaped(pid)
         files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job,
                                tcp_lock=tcp_lock)
         dumped = True
