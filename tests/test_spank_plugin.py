@@ -471,12 +471,20 @@ def test_site_fast_path_reaches_every_task(spank):
     """plugstack copy_helper=on arena_prealloc=auto: every task of every step has
     the copy helper's socket in its own node's run dir and the command the shim
     starts it with, and the arena setting; a job's own GPUCR_ARENA_PREALLOC and
-    GPUCR_COPY_HELPER=off win. Without them in plugstack.conf none is set."""
+    GPUCR_COPY_HELPER=off win. Without them in plugstack.conf the arena is made
+    ahead all the same (auto, the default) and no copy helper is set;
+    arena_prealloc=off sets none."""
     cli = spank.installed.get("cli", "/usr/local/bin/gpucr-hpc")
     probe = spank.root / "fast_probe.py"
     probe.write_text(FAST_PROBE)
     probe.chmod(0o755)
     script = f"python3 {probe}\nsrun python3 {probe}\n"
+    jobid, rc, out = spank.batch(script, "--gpucr=on", "-N1")
+    assert rc == 0, out
+    for p in fast_probes(out):
+        assert p["GPUCR_RUN_DIR"] and p.get("GPUCR_ARENA_PREALLOC") == "auto", p
+        assert not {"GPUCR_COPY_HELPER", "GPUCR_COPY_HELPER_START"} & set(p), p
+    spank.configure(spank.line(arena_prealloc="off"))
     jobid, rc, out = spank.batch(script, "--gpucr=on", "-N1")
     assert rc == 0, out
     for p in fast_probes(out):
