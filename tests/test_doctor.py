@@ -98,3 +98,17 @@ def test_a_gpu_node_without_the_sites_gpu_feature_fails():
     bad = checks.gpu_features(["NVIDIA H200"], "n2", {"ib"}, site)
     assert bad.ok is False and "n2 has NVIDIA H200" in bad.detail and "Features=" in bad.fix
     assert checks.gpu_features(["NVIDIA H200"], "n2", set(), []).ok is None
+
+
+def test_reports_split_by_srun_into_labelled_pieces_are_joined_again():
+    """srun sends at most 1024 bytes of a task's output at a time and, with --label,
+    ends each piece as a line of its own, interleaved with other tasks' pieces."""
+    import json
+
+    from gpucr_hpc.doctor.nodes import reports_of
+
+    reports = [json.dumps({"node": f"n{i}", "checks": [{"detail": "x" * 1500}]}) for i in (1, 2)]
+    pieces = {i: [r[k:k + 1024] for k in range(0, len(r), 1024)] for i, r in enumerate(reports)}
+    lines = [f"{task}: {pieces[task][k]}" for k in range(2) for task in (1, 0)]
+    got = reports_of("\n".join(lines + ["srun: a note of srun's own"]) + "\n")
+    assert sorted(r["node"] for r in got) == ["n1", "n2"]

@@ -13,6 +13,26 @@ from gpucr_hpc.slurm import commands as slurm
 TIMEOUT_S = 600
 
 
+def reports_of(labelled: str) -> list[dict]:
+    """The tasks' JSON reports from `srun --label` output. srun sends a task's output
+    in pieces of at most 1024 bytes and labels (and ends) each piece as a line of its
+    own, interleaved with other tasks' pieces: a task's pieces are joined until they
+    make a JSON object."""
+    pending: dict[str, str] = {}
+    reports = []
+    for line in labelled.splitlines():
+        task, sep, text = line.partition(": ")
+        if not sep or not task.strip().isdigit():
+            continue
+        pending[task] = pending.get(task, "") + text
+        try:
+            reports.append(json.loads(pending[task]))
+        except ValueError:
+            continue
+        pending[task] = ""
+    return reports
+
+
 def run_on_partition(partition: str) -> list[dict]:
     """One doctor per responding node of the partition (an srun task each), its report."""
     out = slurm.run("sinfo", "-h", "-p", partition, "-t", "idle,mix,alloc", "-o", "%D")
@@ -20,19 +40,14 @@ def run_on_partition(partition: str) -> list[dict]:
     if count == 0:
         raise GpucrError(f"partition {partition} has no responding node",
                          "check it with sinfo -p " + partition)
-    argv = ["srun", "-p", partition, f"--nodes={count}", "--ntasks-per-node=1", "--gpucr=off",
+    argv = ["srun", "-p", partition, f"--nodes={count}", "--ntasks-per-node=1", "--gpucr=off", "--label",
             "--job-name=gpucr-doctor", sys.executable, "-m", "gpucr_hpc", "doctor", "--json"]
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
         raise GpucrError(f"the doctor's step on partition {partition} did not end in {TIMEOUT_S} s",
                          "is the partition busy? try when nodes are free") from e
-    reports = []
-    for line in r.stdout.splitlines():  # one short line per node: srun does not split it
-        try:
-            reports.append(json.loads(line))
-        except ValueError:
-            continue
+    reports = reports_of(r.stdout)
     if not reports:
         last = (r.stderr.strip().splitlines() or [f"srun exit {r.returncode}"])[-1]
         raise GpucrError(f"no node of partition {partition} answered: {last}",
