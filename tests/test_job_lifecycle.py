@@ -249,3 +249,37 @@ def test_checkpoint_never_takes_the_supervisor_for_the_script(slurm_cluster, wor
         gpucr(slurm_cluster, "checkpoint", jobid)
     finally:
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_a_job_requeued_right_after_each_restore_is_held_not_looped(slurm_cluster, workdir):
+    """Checkpointed once, then requeued three times without a newer checkpoint (as
+    a job that dies at the same point would be): each start restores gen-1, and
+    the fourth is held with the reason (GPUCR_RESTORE_CAP, 3). gpucr-hpc restore
+    starts the count again, and the job runs to its end, every step once."""
+    steps = 500
+    log, out = workdir / "count.txt", workdir / "job.out"
+    jobid = slurm_cluster.sbatch(counting_script(workdir, log, steps), "--gpucr=on", "-o", str(out))
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(log)) > 10, what="the job to count")
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        for n in (1, 2, 3):
+            slurm_cluster.run("scontrol", "requeue", jobid)
+            wait_for(lambda: slurm_cluster.restore_log(jobid).count("restoring job") == n
+                     and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120,
+                     what=f"restore {n}", detail=detail(slurm_cluster, jobid, out))
+        slurm_cluster.run("scontrol", "requeue", jobid)
+        wait_for(lambda: "restored 3 times in a row" in slurm_cluster.restore_log(jobid)
+                 and slurm_cluster.job(jobid).get("JobState") == "PENDING", timeout=120,
+                 what="the fourth start to be held", detail=detail(slurm_cluster, jobid, out))
+        shown = slurm_cluster.run("scontrol", "show", "job", jobid).stdout
+        assert "gen-1 restored again and again" in shown, shown
+        assert slurm_cluster.restore_log(jobid).count("restoring job") == 3
+        r = gpucr(slurm_cluster, "restore", jobid)
+        assert "restoring from gen-1" in r.stdout, r.stdout
+        info = slurm_cluster.wait_state(jobid, FINAL, timeout=180)
+        assert info["JobState"] == "COMPLETED", detail(slurm_cluster, jobid, out)()
+        assert out.read_text().count("after python") == 1
+        assert_counted_once(log, steps)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)

@@ -38,7 +38,7 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import generations, rank_connections
+from gpucr_hpc.job import generations, rank_connections, restore_cap
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.slurm import commands as slurm
@@ -337,6 +337,12 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     except OSError as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {unreadable(e)}",
                       "its checkpoint cannot be read", from_older) from e
+    try:  # a job that fails right after each restore is held, not looped
+        asked = (job_dir / generations.RESTORE).exists()  # gpucr-hpc restore pinned it
+        restore_cap.count(job_dir, gen.name, asked, int(config.value("GPUCR_RESTORE_CAP")))
+    except GpucrError as e:
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
+                      f"{gen.name} restored again and again", f"fix that, gpucr-hpc restore {jobid}") from e
     log(f"restoring job {jobid} from {gen}")
     t0 = time.monotonic()
     put_back_outputs(gen, m)
