@@ -218,6 +218,10 @@ SETTINGS: tuple[Setting, ...] = (
        "The image generation a job submitted by `gpucr-hpc restore` of a job Slurm forgot starts from "
        "(`sbatch --export`); the plugin makes its batch step a restore.",
        "python plugin", set_by=("gpucr-hpc",)),
+    _s("GPUCR_RESTORE_CAP", "int", "3",
+       "How many times in a row a job's start may restore the same generation (each run ending before a "
+       "newer checkpoint) before the next start is held with the reason instead of looping; "
+       "`gpucr-hpc restore` starts the count again.", "python", minimum=1),
     _s("GPUCR_RANK_NODES", "text", None,
        "The node each rank of a job's restore step is restored on, comma-separated, by rank: the layout the "
        "batch step's restore decided and launched the step to (`srun --distribution=arbitrary`).",
@@ -242,6 +246,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GPUCR_CHECKPOINT_LEAD", "int", "0",
        "Seconds before the time limit the warning signal comes (plugstack `signal=`).",
        "python", set_by=_JOB, minimum=0),
+    _s("GPUCR_CHECKPOINT_INTERVAL", "int", "0",
+       "Seconds between periodic in-place checkpoints of the job, against node failures (0: none); the plugin "
+       "sets it from `--gpucr-interval` or plugstack `interval=`.", "python", set_by=_JOB, minimum=0),
     _s("GPUCR_SBATCH_SIGNAL_SET", "flag", None,
        "The plugin's mark that it set `SBATCH_SIGNAL` for the job itself (so that it takes it out again).",
        "plugin", set_by=_JOB),

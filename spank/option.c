@@ -5,6 +5,7 @@
 #include "option.h"
 
 #include <stdio.h>
+#include <string.h>
 #include <strings.h>
 
 #include "warn_signal.h"
@@ -41,6 +42,33 @@ static int option_cb(int val, const char *optarg, int remote)
 	return 0;
 }
 
+static char interval[32];   /* --gpucr-interval, "" when not given */
+
+static int interval_cb(int val, const char *optarg, int remote)
+{
+	(void)val;
+	(void)remote;
+	if (!optarg || gpucr_parse_interval(optarg) < 0 || strlen(optarg) >= sizeof(interval))
+		return -1;   /* Slurm says "Invalid --gpucr-interval argument: VALUE" */
+	snprintf(interval, sizeof(interval), "%s", optarg);
+	return 0;
+}
+
+const char *gpucr_option_interval(void)
+{
+	return interval[0] ? interval : NULL;
+}
+
+static struct spank_option interval_option = {
+	"gpucr-interval",
+	"N[smh]|off",
+	"Checkpoint this --gpucr=on job in place every N seconds (or minutes, "
+	"hours), against node failures; off: never (the site's default).",
+	1,      /* argument required */
+	0,
+	interval_cb,
+};
+
 static struct spank_option gpucr_option = {
 	"gpucr",
 	"[on|off]",
@@ -55,6 +83,9 @@ int gpucr_option_register(spank_t sp, const struct gpucr_site *site)
 {
 	site_cfg = site;
 	spank_err_t rc = spank_option_register(sp, &gpucr_option);
+
+	if (rc == ESPANK_SUCCESS)
+		rc = spank_option_register(sp, &interval_option);
 
 	if (rc != ESPANK_SUCCESS) {
 		slurm_error("gpucr: cannot register --gpucr: %s", spank_strerror(rc));

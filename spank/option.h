@@ -23,7 +23,10 @@ enum gpucr_mode {
  * means on.  Returns GPUCR_ON/GPUCR_OFF or -1 for an invalid value. */
 int gpucr_parse_mode(const char *arg);
 
-/* Register --gpucr with Slurm (all contexts that take options). */
+/* --gpucr-interval=N[smh]|off as given (NULL when not given). */
+const char *gpucr_option_interval(void);
+
+/* Register --gpucr and --gpucr-interval with Slurm (all contexts that take options). */
 int gpucr_option_register(spank_t sp, const struct gpucr_site *site);
 
 /* Mode given on the command line (or replayed by slurmstepd). */

@@ -41,7 +41,28 @@ static const struct key keys[] = {
 	{ "signal",      FIELD(signal),      0 },
 	{ "copy_helper", FIELD(copy_helper), 0 },
 	{ "arena_prealloc", FIELD(arena_prealloc), 0 },
+	{ "interval",    FIELD(interval),    0 },
 };
+
+long gpucr_parse_interval(const char *v)
+{
+	char *end;
+	long n;
+
+	if (!strcmp(v, "off"))
+		return 0;
+	if (*v < '0' || *v > '9')
+		return -1;
+	n = strtol(v, &end, 10);
+	if (n < 0 || n > 100000000 || (*end && end[1]))
+		return -1;
+	switch (*end) {
+	case '\0': case 's': return n;
+	case 'm': return n * 60;
+	case 'h': return n * 3600;
+	default: return -1;
+	}
+}
 
 /* arena_prealloc=auto, off, or a size: digits with an optional . part and
  * one of K M G (as the shim's GPUCR_ARENA_PREALLOC reads it). */
@@ -99,6 +120,7 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 	snprintf(site->copy_helper, sizeof(site->copy_helper), "%s", DEFAULT_OFF);
 	/* made ahead by default: the first checkpoint then costs what a later one does */
 	snprintf(site->arena_prealloc, sizeof(site->arena_prealloc), "%s", "auto");
+	snprintf(site->interval, sizeof(site->interval), "%s", DEFAULT_OFF);
 
 	for (int i = 0; i < ac; i++) {
 		const char *eq = strchr(av[i], '=');
@@ -112,7 +134,7 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 			}
 		}
 		if (!k) {
-			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal= copy_helper= arena_prealloc=)", av[i]);
+			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal= copy_helper= arena_prealloc= interval=)", av[i]);
 			continue;
 		}
 		const char *val = eq + 1;
@@ -130,6 +152,10 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 		}
 		if (!strcmp(k->name, "copy_helper") && strcmp(val, "on") && strcmp(val, "off")) {
 			rc = set_error(site, "plugstack.conf argument '%s' must be on or off", av[i]);
+			continue;
+		}
+		if (!strcmp(k->name, "interval") && gpucr_parse_interval(val) < 0) {
+			rc = set_error(site, "plugstack.conf argument '%s' must be a checkpoint interval such as 3600, 90m or 2h, or off", av[i]);
 			continue;
 		}
 		if (!strcmp(k->name, "arena_prealloc") && !prealloc_valid(val)) {

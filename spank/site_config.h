@@ -20,12 +20,17 @@ struct gpucr_site {
 	char signal[32];            /* signal=SIG@SECS|off  checkpoint warning  */
 	char copy_helper[8];        /* copy_helper=on|off   GPU data via a helper */
 	char arena_prealloc[32];    /* arena_prealloc=auto|SIZE|off  arena ahead */
+	char interval[32];          /* interval=N[smh]|off  periodic checkpoints */
 	char error[512];            /* first problem found, "" when none         */
 };
 
 /* Defaults, then ac/av from plugstack.conf.  Returns 0, or -1 with
  * site->error set (the plugin keeps running; only --gpucr=on jobs fail). */
 int gpucr_site_parse(struct gpucr_site *site, int ac, char **av);
+
+/* A checkpoint interval: N, Ns, Nm or Nh; off or 0 for none.  Seconds (0: none),
+ * or -1 when it is none of those. */
+long gpucr_parse_interval(const char *v);
 
 /* Expand %n (short host name: nodename is passed in), %h (full host
  * name) and %% in pattern. */

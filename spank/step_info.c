@@ -10,6 +10,7 @@
 
 #include <slurm/slurm.h>
 
+#include "option.h"
 #include "task_env.h"
 
 #define ERR(...) (snprintf(err, errlen, __VA_ARGS__), -1)
@@ -129,6 +130,23 @@ static int fast_path_setenv(spank_t sp, const struct gpucr_site *site,
 	return rc;
 }
 
+/* GPUCR_CHECKPOINT_INTERVAL (seconds) for the batch supervisor: the job's
+ * --gpucr-interval, else the site's interval= unless the job set its own. */
+static int interval_setenv(spank_t sp, const struct gpucr_site *site)
+{
+	const char *given = gpucr_option_interval();
+	char buf[32];
+
+	if (given) {
+		snprintf(buf, sizeof(buf), "%ld", gpucr_parse_interval(given));
+		return gpucr_setenv(sp, "GPUCR_CHECKPOINT_INTERVAL", buf);
+	}
+	if (gpucr_parse_interval(site->interval) <= 0)
+		return 0;
+	snprintf(buf, sizeof(buf), "%ld", gpucr_parse_interval(site->interval));
+	return setenv_default(sp, "GPUCR_CHECKPOINT_INTERVAL", buf);
+}
+
 int gpucr_step_setenv(spank_t sp, const struct gpucr_site *site,
 		      const struct gpucr_step *step)
 {
@@ -153,6 +171,7 @@ int gpucr_step_setenv(spank_t sp, const struct gpucr_site *site,
 		rc |= gpucr_setenv(sp, "GPUCR_VENDOR", site->vendor);
 	rc |= gpucr_setenv(sp, "GPUCR_ENABLED", "1");
 	rc |= fast_path_setenv(sp, site, step);
+	rc |= interval_setenv(sp, site);
 	return rc ? -1 : 0;
 }
 

@@ -14,7 +14,10 @@ and sets GPUCR_BATCH_SUPERVISE=1. The supervisor
    goes on from there when it runs again;
 4. hands the other signals sent to it alone (`scancel --batch --signal`) on to
    the script;
-5. exits with the script's status.
+5. every GPUCR_CHECKPOINT_INTERVAL seconds (`--gpucr-interval`, plugstack
+   `interval=`), checkpoints the job in place, against node failures; one that
+   finds another checkpoint running is skipped;
+6. exits with the script's status.
 """
 
 from __future__ import annotations
@@ -136,6 +139,22 @@ def after_failed_checkpoint(jobid: str, preempted: bool, gen: str | None) -> str
     return "the job keeps running until its time limit and then ends (it has no checkpoint to restore)"
 
 
+def periodic(jobid: str, interval: int, stop: threading.Event) -> None:
+    """In a thread: an in-place checkpoint every `interval` seconds until `stop`."""
+    while not stop.wait(interval):
+        try:
+            result = coordinator.checkpoint(jobid)  # refused at once while another runs: skipped
+        except GpucrError as e:
+            say(f"periodic checkpoint of job {jobid} not taken: {e.one_line()}")
+            continue
+        except Exception as e:  # noqa: BLE001 - the job outlives anything unforeseen here
+            say(f"periodic checkpoint of job {jobid} not taken ({type(e).__name__}: {e})")
+            continue
+        gen, took = result.get("generation", ""), result.get("total_s", 0.0)
+        say(f"periodic checkpoint of job {jobid}: {gen} in {took:.1f} s; the job runs on")
+        batch_restore.log(f"periodic checkpoint {gen} in {took:.1f} s")
+
+
 def exit_like(status: int) -> int:
     """The script's status as ours: a signal death is passed on as one."""
     if status < 0:
@@ -218,7 +237,12 @@ def main() -> int:
                                  preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, waited))
         script_pid = child.pid
         batch_restore.register(site.job_run_dir(jobid), {"step": "batch", "rank": 0}, script_pid)
+    stop = threading.Event()
+    interval = int(config.value("GPUCR_CHECKPOINT_INTERVAL") or 0)
+    if interval > 0:
+        threading.Thread(target=periodic, args=(jobid, interval, stop), daemon=True, name="periodic").start()
     status = supervise(child, script_pid, jobid, ckpt_sig, lead, waited)
+    stop.set()
     batch_restore.log(f"batch script ended with status {status}")
     return exit_like(status)
 
