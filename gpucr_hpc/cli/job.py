@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import click
@@ -17,7 +18,7 @@ from gpucr_hpc import units
 from gpucr_hpc.cli import output
 from gpucr_hpc.cli.operator_door import through_door_if_not_mine
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import coordinator, generations, retention
+from gpucr_hpc.job import coordinator, events, generations, retention
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.slurm.site import load_site
 from gpucr_hpc.store import manifest as mf
@@ -275,6 +276,7 @@ def job_status(jobid: str) -> dict:
     out["latest"] = latest["generation"] if latest else None
     log = site.job_image_dir(jobid) / "restore.log"
     out["log"] = log.read_text().splitlines()[-5:] if log.exists() else []
+    out["story"] = [{k: v for k, v in ev.items() if k != "pid"} for ev in events.read(site.job_image_dir(jobid))]
     return out
 
 
@@ -297,5 +299,13 @@ def show_job_status(jobid: str, as_json: bool) -> None:
         console.print(t)
     else:
         console.print("no checkpoint yet")
+    if st["story"]:
+        t = output.table("what was done to it", ("when", "what", "by", "result"))
+        for ev in st["story"]:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ev.get("at", 0)))
+            result = (f"{ev.get('generation') or 'ok'} in {ev['took_s']:.1f} s" if ev.get("ok") and ev.get("took_s")
+                      else "ok" if ev.get("ok") else f"failed: {ev.get('error', '')}")
+            t.add_row(when, ev.get("what", "?"), ev.get("by", "?"), result)
+        console.print(t)
     for line in st["log"]:
         console.print(f"log: {line}", markup=False, highlight=False)

@@ -362,8 +362,12 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
                       f"fix that, gpucr-hpc restore {jobid}") from e
     say_again_after_rewind(gen)  # the restored tree holds the output at its checkpoint size
     steps = (batch or {}).get("timings") or {}  # CRIU and GPU parts: the figures of a restore
-    log(f"batch tree restored in {time.monotonic() - t0:.2f} s "
+    took = time.monotonic() - t0
+    log(f"batch tree restored in {took:.2f} s "
         + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s")}))
+    taken = m.get("created", "?").replace("T", " ").rstrip("Z")
+    say(f"gpucr: job {jobid} restored from {gen.name} (checkpointed {taken} UTC) on {node_name()} "
+        f"in {took:.1f} s" + (", its ranks next" if ranks_of(m) else ""))
     return m, gen, batch
 
 

@@ -17,7 +17,8 @@ and sets GPUCR_BATCH_SUPERVISE=1. The supervisor
 5. every GPUCR_CHECKPOINT_INTERVAL seconds (`--gpucr-interval`, plugstack
    `interval=`), checkpoints the job in place, against node failures; one that
    finds another checkpoint running is skipped;
-6. exits with the script's status.
+6. says in the job's output what commands did to the job meanwhile (job/events.py);
+7. exits with the script's status.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from contextlib import ExitStack
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import batch_restore, coordinator, generations
+from gpucr_hpc.job import batch_restore, coordinator, events, generations
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.signals import TASK_SIGNALS
 from gpucr_hpc.slurm.site import load_site
@@ -238,6 +239,8 @@ def main() -> int:
         script_pid = child.pid
         batch_restore.register(site.job_run_dir(jobid), {"step": "batch", "rank": 0}, script_pid)
     stop = threading.Event()
+    threading.Thread(target=events.relay, args=(site.job_image_dir(jobid), jobid, batch_restore.say, stop),
+                     daemon=True, name="events").start()  # commands by hand, into the job's output
     interval = int(config.value("GPUCR_CHECKPOINT_INTERVAL") or 0)
     if interval > 0:
         threading.Thread(target=periodic, args=(jobid, interval, stop), daemon=True, name="periodic").start()

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.gpu import steer as gpu_steer
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import generations
+from gpucr_hpc.job import events, generations
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, require_plugin
@@ -93,12 +93,17 @@ def _locked(job: slurm.Job, wait_s: float = 0.0):
     return job_lock.held(job_dir, job.id, job.uid, wait_s=wait_s)
 
 
+def _told(job: slurm.Job, what: str, run):
+    """run() under the job's lock, recorded in the job's events (job/events.py)."""
+    return events.told(load_site().job_image_dir(job.id), job.uid, what, run)
+
+
 def checkpoint(jobid: str) -> dict:
     """Checkpoint every unit of a running job into a new generation; the job runs on."""
     require_plugin(load_site())
     job = _running_job(jobid, "checkpointed")
     with _locked(job):
-        return _checkpoint(jobid, job)
+        return _told(job, "checkpoint", lambda: _checkpoint(jobid, job))
 
 
 def _checkpoint(jobid: str, job: slurm.Job, stay_yielded: bool = False) -> dict:
@@ -146,7 +151,7 @@ def suspend(jobid: str) -> dict:
     job = _running_job(jobid, "suspended")
     slurm.require_operator("suspend", jobid)  # before the GPU memory is yielded for nothing
     with _locked(job):
-        return _suspend(jobid, job, t0)
+        return _told(job, "suspend", lambda: _suspend(jobid, job, t0))
 
 
 def _suspend(jobid: str, job: slurm.Job, t0: float) -> dict:
@@ -173,7 +178,7 @@ def resume(jobid: str) -> dict:
     if job.state not in ("SUSPENDED", "RUNNING"):
         raise GpucrError(f"job {jobid} is {job.state}, not SUSPENDED", "only a suspended job can be resumed")
     with _locked(job):
-        return _resume(jobid, job, t0)
+        return _told(job, "resume", lambda: _resume(jobid, job, t0))
 
 
 def _resume(jobid: str, job: slurm.Job, t0: float) -> dict:
@@ -202,7 +207,7 @@ def preempt(jobid: str, lock_wait_s: float = 0.0) -> dict:
                          f"checkpoint it instead (gpucr-hpc checkpoint {jobid}), or let it be "
                          f"requeued: scontrol update JobId={jobid} Requeue=1")
     with _locked(job, lock_wait_s):
-        return _preempt(jobid, job)
+        return _told(job, "preempt", lambda: _preempt(jobid, job))
 
 
 def _preempt(jobid: str, job: slurm.Job) -> dict:
