@@ -57,17 +57,17 @@ from gpucr_hpc.criu import tcp as criu_tcp  # noqa: E402
 
 NET = "10.251.91"
 
-# K connections inside one process, B bytes queued each way on each, then it waits.
-HOLDER = r"""
+# K connections inside one process (`pairs`), B bytes queued each way on each.
+CONNECTED = r"""
 import socket, sys, time
-addr, k, b, ready = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+addr, k, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 srv = socket.create_server((addr, 0), backlog=max(k, 1))
-ends = []
+pairs = []
 for _ in range(k):
     c = socket.create_connection(srv.getsockname())
     s, _ = srv.accept()
-    ends.append((c, s))
-for c, s in ends:
+    pairs.append((c, s))
+for c, s in pairs:
     for x in (c, s):
         x.setblocking(False)
         left = b
@@ -76,7 +76,11 @@ for c, s in ends:
                 left -= x.send(b"x" * min(left, 65536))
             except BlockingIOError:
                 break
-open(ready, "w").write("ok")
+"""
+
+# ... then it says so and waits: the tree CRIU dumps.
+HOLDER = CONNECTED + r"""
+open(sys.argv[4], "w").write("ok")
 time.sleep(3600)
 """
 
@@ -169,27 +173,10 @@ def criu_way(k: int, b: int, ns: tuple, tmp: Path) -> dict:
     return out
 
 
-DMTCP = r"""
-import json, os, select, socket, sys, time
-addr, k, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+DMTCP = CONNECTED + r"""
+import json, os, select
 MARK = b"\x00gpucr-drain-marker\x00"
-srv = socket.create_server((addr, 0), backlog=max(k, 1))
-pairs = []
-for _ in range(k):
-    c = socket.create_connection(srv.getsockname())
-    s, _ = srv.accept()
-    pairs.append((c, s))
-for c, s in pairs:  # b bytes in flight each way, as the holder has
-    for x in (c, s):
-        x.setblocking(False)
-        left = b
-        while left:
-            try:
-                left -= x.send(b"x" * min(left, 65536))
-            except BlockingIOError:
-                break
 ends = [x for pair in pairs for x in pair]
-queued = {x: b"x" * 0 for x in ends}
 t0 = time.monotonic()
 # 1. Drain: every end sends a marker after what it has queued, and reads up to its peer's.
 for x in ends:
