@@ -31,3 +31,30 @@ def test_unknown_option_is_one_line_error():
     lines = [l for l in out.stderr.splitlines() if l.strip()]
     assert lines[-1].startswith("Error:")
     assert "--no-such-option" in lines[-1]
+
+
+def test_with_json_an_error_is_json_too():
+    """--json asks for a report: a failure is that report, as JSON on stdout, besides
+    the one line on stderr."""
+    import json
+
+    out = gpucr("checkpoint", "--pid", "999999999", "--json")
+    assert out.returncode != 0
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith("gpucr-hpc: error: ")
+    err = json.loads(out.stdout)
+    assert err["error"] and err["fix"] and err["exit_code"] == out.returncode
+    assert err["error"] in out.stderr
+    plain = gpucr("checkpoint", "--pid", "999999999")
+    assert plain.returncode != 0 and plain.stdout == ""
+
+
+def test_a_long_command_shows_its_work_on_a_terminal_only(monkeypatch):
+    from contextlib import nullcontext
+
+    from gpucr_hpc.cli import output
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    assert isinstance(output.working("x"), nullcontext)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with output.working("checkpointing job 1 on its nodes"):
+        pass

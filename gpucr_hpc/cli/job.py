@@ -37,7 +37,8 @@ def print_job_result(kind: str, result: dict, as_json: bool) -> None:
 
 def checkpoint_job(jobid: str, as_json: bool) -> None:
     through_door_if_not_mine("checkpoint", jobid, *["--json"] * as_json)
-    result = coordinator.checkpoint(jobid)
+    with output.working(f"checkpointing job {jobid} on its nodes"):
+        result = coordinator.checkpoint(jobid)
     result["job"] = f"{jobid} "
     print_job_result("checkpointed", result, as_json)
 
@@ -78,7 +79,8 @@ def preempt(jobid, as_json):
     running its script from the top.
     """
     through_door_if_not_mine("preempt", jobid, *["--json"] * as_json)
-    result = coordinator.preempt(jobid)
+    with output.working(f"checkpointing job {jobid} on its nodes, then requeueing it"):
+        result = coordinator.preempt(jobid)
     result["job"] = f"{jobid} "
     print_job_result("preempted", result, as_json)
 
@@ -238,7 +240,9 @@ def suspend(jobid, as_json):
     fails anywhere, the job is left running with its GPU memory.
     """
     through_door_if_not_mine("suspend", jobid, *["--json"] * as_json)
-    print_in_place("suspended", jobid, coordinator.suspend(jobid), as_json)
+    with output.working(f"yielding the GPU memory of job {jobid}, then suspending it"):
+        result = coordinator.suspend(jobid)
+    print_in_place("suspended", jobid, result, as_json)
 
 
 @click.command()
@@ -247,7 +251,9 @@ def suspend(jobid, as_json):
 def resume(jobid, as_json):
     """Resume a job suspended by `gpucr-hpc suspend`, and reclaim its GPU memory in place."""
     through_door_if_not_mine("resume", jobid, *["--json"] * as_json)
-    print_in_place("resumed", jobid, coordinator.resume(jobid), as_json)
+    with output.working(f"resuming job {jobid}, then reclaiming its GPU memory"):
+        result = coordinator.resume(jobid)
+    print_in_place("resumed", jobid, result, as_json)
 
 
 def job_status(jobid: str) -> dict:

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from gpucr_hpc import config, units
+from gpucr_hpc.cli import output
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.process import image as process_image
@@ -122,7 +123,8 @@ def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir, leave_running):
         return process_image.run_checkpoint(pid, to_dir, leave_running, as_json, timeout_ms, run_dir)
     if leave_running:
         raise GpucrError("--leave-running only applies with --to DIR", "add --to DIR or drop --leave-running")
-    result = checkpoint_tree(pid, timeout_ms=timeout_ms, run_dir=run_dir)
+    with output.working(f"yielding the GPU memory of process {pid}"):
+        result = checkpoint_tree(pid, timeout_ms=timeout_ms, run_dir=run_dir)
     if as_json:
         click.echo(json.dumps(result))
         return
@@ -200,7 +202,8 @@ def restore(jobid, pid, source, resubmit, run_dir, as_json, pidns, rewind_files,
     if rewind_files:
         raise GpucrError("--rewind-files applies to restore --from DIR only: a process restored in place "
                          "kept its files open all along", "drop --rewind-files")
-    result = restore_tree(pid, run_dir=run_dir)
+    with output.working(f"restoring the GPU memory of process {pid}"):
+        result = restore_tree(pid, run_dir=run_dir)
     if as_json:
         click.echo(json.dumps(result))
         return
