@@ -58,3 +58,19 @@ def test_a_long_command_shows_its_work_on_a_terminal_only(monkeypatch):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
     with output.working("checkpointing job 1 on its nodes"):
         pass
+
+
+def test_the_operator_door_stays_shut_for_a_job_slurm_does_not_know(monkeypatch):
+    """restore JOBID of a job Slurm forgot submits it again: the door must not stop it."""
+    import os
+
+    from gpucr_hpc.cli import operator_door
+    from gpucr_hpc.errors import GpucrError
+
+    def unknown(jobid):
+        raise GpucrError(f"no job known to Slurm as {jobid}", "")
+
+    monkeypatch.setattr(operator_door.slurm, "show_job", unknown)
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    monkeypatch.setattr(os, "execvp", lambda *a: (_ for _ in ()).throw(AssertionError("went through the door")))
+    assert operator_door.through_door_if_not_mine("restore", "77") is None

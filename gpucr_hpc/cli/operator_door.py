@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from gpucr_hpc import config
+from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.slurm import commands as slurm
 
 DEFAULT_DOOR = "/opt/gpucr-hpc/libexec/gpucr-operator"
@@ -35,7 +36,10 @@ def through_door_if_not_mine(verb: str, jobid: str, *extra: str) -> None:
     refuses with its own line if the job is not ours)."""
     if os.geteuid() == 0:
         return
-    job = slurm.show_job(jobid)
+    try:
+        job = slurm.show_job(jobid)
+    except GpucrError:
+        return  # a job Slurm forgot (restore brings it back) or none: the command says what is true
     door = door_path()
     if job.uid == os.geteuid() or not _open_to_me(door):
         return

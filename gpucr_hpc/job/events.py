@@ -27,6 +27,10 @@ T = TypeVar("T")
 
 
 def _who() -> str:
+    """The user behind the command: sudo's caller where root runs it for them (the
+    operator door keeps SUDO_USER), else the effective user."""
+    if os.geteuid() == 0 and os.environ.get("SUDO_USER"):
+        return os.environ["SUDO_USER"]
     try:
         return pwd.getpwuid(os.geteuid()).pw_name
     except KeyError:
