@@ -247,7 +247,7 @@ def _ranks_back(job_dir: Path) -> int:
 def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = None) -> int | None:
     """The srun step that was running: restored as a new step of the same layout.
     `lock` (the job's) is let go once every rank is back, or the step has ended."""
-    ranks = [u for u in m["units"].values() if u["name"].startswith("rank-")]
+    ranks = ranks_of(m)
     lock = lock or ExitStack()
     if not ranks:
         lock.close()
@@ -256,7 +256,7 @@ def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = N
     shutil.rmtree(back_dir, ignore_errors=True)  # an earlier restore's
     back_dir.mkdir(mode=0o700)
     where = where_now(m)
-    placed = [where[u["name"]] for u in ranks_of(m)]
+    placed = [where[u["name"]] for u in ranks]
     hostfile = gen.parent / "rank-nodes"  # the layout the ranks are restored to, one line per rank
     hostfile.write_text("".join(f"{n}\n" for n in placed))
     argv = ["srun", f"--nodes={len(set(placed))}", f"--ntasks={len(ranks)}", "--gpucr=off",

@@ -21,7 +21,7 @@ from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import rank_connections
-from gpucr_hpc.job.batch_restore import RANKS_BACK, give_up, log, open_log, rank_back, restore_unit
+from gpucr_hpc.job.batch_restore import RANKS_BACK, give_up, log, open_log, rank_back, ranks_of, restore_unit
 from gpucr_hpc.job.batch_restore import say as kept_say
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS
@@ -112,8 +112,7 @@ def main(argv=None) -> int:
         return 1
     try:
         m = mf.load(gen)
-        ranks = sorted((u for u in m["units"].values() if u["name"].startswith("rank-")),
-                       key=lambda u: u["rank"])
+        ranks = ranks_of(m)
         unit = ranks[procid]
         moved: dict[str, str] = {}
         spec = None
