@@ -14,6 +14,7 @@ import pytest
 from user_helpers import as_user
 
 from gpucr_hpc.criu import netlock, root_helper
+from gpucr_hpc.criu import tcp as criu_tcp
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.privileged import tcp as privileged_tcp
 
@@ -105,10 +106,10 @@ def test_through_netlock_a_user_gets_the_helpers_answer(users, helper_ready):
 
 
 def test_moves_change_addresses_only_and_only_local_addresses_bind(tmp_path):
-    privileged_tcp.check_moves({"10.0.0.1:4242": "10.0.0.2", "10.0.0.1": "10.0.0.3", "[fd00::1]:80": "fd00::2"})
+    criu_tcp.parse_moves({"10.0.0.1:4242": "10.0.0.2", "10.0.0.1": "10.0.0.3", "[fd00::1]:80": "fd00::2"})
     for bad in ({"10.0.0.1:4242": "10.0.0.2:80"}, {"host:1": "10.0.0.2"}, {"10.0.0.1:4242": ""}):
         with pytest.raises(GpucrError):
-            privileged_tcp.check_moves(bad)
+            criu_tcp.parse_moves(bad)
     import ipaddress
     assert privileged_tcp._here(ipaddress.ip_address("127.0.0.1"))
     assert privileged_tcp._here(ipaddress.ip_address("0.0.0.0"))

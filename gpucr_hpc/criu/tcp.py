@@ -79,6 +79,24 @@ def connections(image_dir: Path) -> list[Connection]:
             for s in _tcp_entries(_load(image_dir))]
 
 
+def parse_moves(moved: dict[str, str]) -> tuple[dict[tuple[str, int], str], dict[str, str]]:
+    """`moved` as (end (addr, port) -> new address, address -> new address): only
+    addresses move, never ports; anything else is refused with one line."""
+    by_end, by_addr = {}, {}
+    for key, new in moved.items():
+        try:
+            to = str(ipaddress.ip_address(new.strip("[]")))
+            if key.count(":") == 1 or key.startswith("["):
+                addr, port = tcp_end.parse(key)
+                by_end[(str(addr), port)] = to
+            else:
+                by_addr[str(ipaddress.ip_address(key))] = to
+        except (GpucrError, ValueError):
+            raise GpucrError(f"bad move {key}={new}: give an end or an address, and the new address",
+                             "e.g. --move 10.0.0.1:4242=10.0.0.2") from None
+    return by_end, by_addr
+
+
 def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
     """Give the image's TCP ends their new address: `moved` maps an end ("addr:port")
     or a whole address ("addr") to the new address; ports stay.
@@ -86,16 +104,9 @@ def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
     Both the local end (this unit moved) and the remote end (its peer moved) are
     rewritten. Returns how many ends changed. The file is replaced whole (written
     beside it, then renamed), so a failure leaves it as it was."""
+    by_end, by_addr = parse_moves(moved)
     images = _pycriu()
     img = _load(image_dir)
-    by_end, by_addr = {}, {}
-    for key, new in moved.items():
-        new = str(ipaddress.ip_address(new.strip("[]")))
-        if key.count(":") == 1 or key.startswith("["):
-            addr, port = tcp_end.parse(key)
-            by_end[(str(addr), port)] = new
-        else:
-            by_addr[str(ipaddress.ip_address(key))] = new
     changed = 0
     for s in _tcp_entries(img):
         for addr_key, port_key in (("src_addr", "src_port"), ("dst_addr", "dst_port")):

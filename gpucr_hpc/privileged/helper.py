@@ -431,12 +431,11 @@ def restore(args, who: Caller, work_fd: int) -> tuple[dict, subprocess.Popen | N
             continue  # CRIU says what is missing
         keep.append((st.st_dev, st.st_ino))
     size = sum(os.stat(n, dir_fd=images_fd, follow_symlinks=False).st_size for n in os.listdir(images_fd))
-    moved = dict(m.partition("=")[::2] for m in args.move)  # check_moves refuses a bad one
+    moved = dict(m.partition("=")[::2] for m in args.move)  # move_addresses refuses a bad one
     table = privileged_tcp.table_name(who.uid, args.lock) if args.lock else None
     with private_dir("restore", size) as images, private_dir("work") as work:
         copy_verified(images_fd, images, who)
         if moved:
-            privileged_tcp.check_moves(moved)
             criu_tcp.move_addresses(images, moved)  # our own checked copy
         if args.tcp or moved:
             privileged_tcp.check_sources(images)

@@ -8,8 +8,8 @@ send from an address that is not theirs. So the helper:
   holds, one their sealed image holds (at its restore), or one their lock of
   that name already drops (a renewal), in a table named after their uid, so
   no user can lock, renew or unlock another's;
-* moves only addresses, never ports, and restores a connection only bound to
-  an address of this node (or loopback or the wildcard): a moved image cannot
+* moves only addresses, never ports (criu/tcp.parse_moves), and restores a
+  connection only bound to an address of this node (or loopback or the wildcard): a moved image cannot
   send as another host.
 """
 
@@ -73,20 +73,6 @@ def check_in_image(flows: list[netlock.Flow], images: Path) -> None:
     for f in flows:
         if f not in theirs:
             raise GpucrError(f"connection {f.local} -> {f.remote} is not one of the image's", NOT_YOURS_FIX)
-
-
-def check_moves(moved: dict[str, str]) -> None:
-    """Only addresses move: keys are "addr:port" ends or bare addresses, values addresses."""
-    for key, new in moved.items():
-        try:
-            if key.count(":") == 1 or key.startswith("["):
-                tcp_end.parse(key)
-            else:
-                tcp_end.parse(tcp_end.text(key, 1))
-            tcp_end.parse(tcp_end.text(new.strip("[]"), 1))
-        except (GpucrError, ValueError):
-            raise GpucrError(f"bad move {key}={new}: give an end or an address, and the new address",
-                             "e.g. --move 10.0.0.1:4242=10.0.0.2") from None
 
 
 def _here(addr: tcp_end.Address) -> bool:
