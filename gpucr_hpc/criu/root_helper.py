@@ -33,12 +33,17 @@ def helper_path() -> str:
         os.path.join(prefix, "libexec", "gpucr-criu-root") if prefix else DEFAULT_HELPER)
 
 
-def _argv(op: str, images_dir: Path, work_dir: Path, flags: list[str]) -> list[str]:
+def _sudo(op: str, flags: list[str], needs: str = "CRIU needs root") -> list[str]:
+    """The command that runs the helper's `op` as root; `needs`: why root, for the
+    line that says the helper is missing."""
     helper = helper_path()
     if not os.path.isfile(helper):
-        raise GpucrError(f"CRIU needs root, and the gpucr-hpc root helper {helper} is not installed",
-                         INSTALL_FIX)
-    return ["sudo", "-n", helper, op, "--images", str(images_dir), "--work", str(work_dir)] + flags
+        raise GpucrError(f"{needs}, and the gpucr-hpc root helper {helper} is not installed", INSTALL_FIX)
+    return ["sudo", "-n", helper, op, *flags]
+
+
+def _argv(op: str, images_dir: Path, work_dir: Path, flags: list[str]) -> list[str]:
+    return _sudo(op, ["--images", str(images_dir), "--work", str(work_dir), *flags])
 
 
 def _result(work_dir: Path) -> dict | None:
@@ -130,13 +135,9 @@ def _lock_flags(name: str, flows: list[Flow], seconds: float) -> list[str]:
 
 
 def _answer(op: str, flags: list[str]) -> dict:
-    helper = helper_path()
-    if not os.path.isfile(helper):
-        raise GpucrError(f"locking TCP connections needs root, and the gpucr-hpc root helper {helper} "
-                         "is not installed", INSTALL_FIX)
+    argv = _sudo(op, flags, needs="locking TCP connections needs root")
     try:
-        r = subprocess.run(["sudo", "-n", helper, op, *flags], stdin=subprocess.DEVNULL, capture_output=True,
-                           text=True, timeout=60)
+        r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
         raise GpucrError(f"the gpucr-hpc root helper did not {op} within 60 s", "see the node's load") from None
     try:
