@@ -36,6 +36,11 @@ def wait_for(pred, timeout=60, what="condition", detail=None):
     raise AssertionError(f"timed out waiting for {what}" + (f"\n{detail()}" if detail else ""))
 
 
+def output_of(path: Path) -> str:
+    """A job's output so far: slurmd makes the file a moment after RUNNING."""
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
 def numbers(path: Path) -> list[int]:
     return [int(x) for x in path.read_text().split()] if path.exists() else []
 

@@ -56,7 +56,7 @@ def test_the_relay_says_what_other_processes_recorded_from_then_on(tmp_path, mon
 def test_commands_by_hand_and_the_restore_are_told_in_the_jobs_output_and_status(slurm_cluster, workdir):
     if os.geteuid() != 0:
         pytest.skip("job checkpoint with CRIU needs root here")
-    from job_helpers import counting_script, gpucr, numbers, wait_for
+    from job_helpers import counting_script, gpucr, numbers, output_of, wait_for
 
     log, out = workdir / "count.txt", workdir / "job.out"
     jobid = slurm_cluster.sbatch(counting_script(workdir, log, 400), "--gpucr=on", "-o", str(out))
@@ -64,11 +64,11 @@ def test_commands_by_hand_and_the_restore_are_told_in_the_jobs_output_and_status
         slurm_cluster.wait_state(jobid, "RUNNING")
         wait_for(lambda: len(numbers(log)) > 10, what="the job to count")
         gpucr(slurm_cluster, "checkpoint", jobid)
-        wait_for(lambda: f"gpucr: job {jobid} checkpointed by root at " in out.read_text(), timeout=30,
-                 what="the checkpoint's line in the job's output", detail=lambda: out.read_text())
+        wait_for(lambda: f"gpucr: job {jobid} checkpointed by root at " in output_of(out), timeout=30,
+                 what="the checkpoint's line in the job's output", detail=lambda: output_of(out))
         gpucr(slurm_cluster, "preempt", jobid)
-        wait_for(lambda: f"gpucr: job {jobid} restored from gen-2 (checkpointed " in out.read_text(), timeout=120,
-                 what="the restore's line in the job's output", detail=lambda: out.read_text())
+        wait_for(lambda: f"gpucr: job {jobid} restored from gen-2 (checkpointed " in output_of(out), timeout=120,
+                 what="the restore's line in the job's output", detail=lambda: output_of(out))
         st = json.loads(gpucr(slurm_cluster, "status", jobid, "--json").stdout)
         assert [(e["what"], e["generation"]) for e in st["story"]] == [("checkpoint", "gen-1"), ("preempt", "gen-2")]
         text = gpucr(slurm_cluster, "status", jobid).stdout

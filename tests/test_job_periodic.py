@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for  # noqa: E402
+from job_helpers import assert_counted_once, counting_script, gpucr, numbers, output_of, wait_for  # noqa: E402
 
 
 def test_a_job_with_an_interval_is_checkpointed_every_interval(slurm_cluster, workdir):
@@ -22,9 +22,9 @@ def test_a_job_with_an_interval_is_checkpointed_every_interval(slurm_cluster, wo
                                  "-o", str(out))
     try:
         slurm_cluster.wait_state(jobid, "RUNNING")
-        periodic = lambda: re.findall(r"periodic checkpoint of job \d+: (gen-\d+)", out.read_text())  # noqa: E731
+        periodic = lambda: re.findall(r"periodic checkpoint of job \d+: (gen-\d+)", output_of(out))  # noqa: E731
         wait_for(lambda: len(periodic()) >= 2, timeout=90, what="two periodic checkpoints",
-                 detail=lambda: (out.read_text(), slurm_cluster.restore_log(jobid)))
+                 detail=lambda: (output_of(out), slurm_cluster.restore_log(jobid)))
         assert periodic()[:2] == ["gen-1", "gen-2"], out.read_text()
         assert "periodic checkpoint gen-1 in" in slurm_cluster.restore_log(jobid)
         gpucr(slurm_cluster, "preempt", jobid)

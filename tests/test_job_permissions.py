@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for  # noqa: E402
+from job_helpers import assert_counted_once, counting_script, gpucr, numbers, output_of, wait_for  # noqa: E402
 from user_helpers import as_user, gpucr_as  # noqa: E402
 
 from gpucr_hpc.store.files import tree_digest  # noqa: E402
@@ -408,7 +408,7 @@ def test_automatic_checkpoint_waits_for_a_running_command(slurm_cluster, workdir
         urgent_sh = workdir / "urgent.sh"
         urgent_sh.write_text("#!/bin/bash\nsleep 3\n")
         slurm_cluster.sbatch(urgent_sh, "-p", "urgent", "-w", info["NodeList"], "--exclusive", "-o", "/dev/null")
-        wait_for(lambda: f"checkpointing job {jobid} before preemption" in out.read_text(), timeout=60,
+        wait_for(lambda: f"checkpointing job {jobid} before preemption" in output_of(out), timeout=60,
                  what="the preemption's checkpoint to begin")
         assert not list((images(slurm_cluster) / jobid).glob("gen-*"))  # it waits
         holder.kill()

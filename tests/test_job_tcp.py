@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import gpucr, suspended_then_resumed, wait_for  # noqa: E402
+from job_helpers import gpucr, suspended_then_resumed, output_of, wait_for  # noqa: E402
 from user_helpers import as_user, gpucr_as  # noqa: E402
 
 WORDS, PER_TICK, TICK = 60_000, 100, 0.05  # 30 s of streaming
@@ -237,7 +237,7 @@ echo after srun rc=$?
     try:
         slurm_cluster.wait_state(jobid, "RUNNING")
         wait_for(lambda: all(done(p) > 5 for p in logs), timeout=180, what="every rank to step",
-                 detail=lambda: out.read_text())
+                 detail=lambda: output_of(out))
         r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
         assert r.returncode == 0, r.stderr
         at = done(logs[0])
@@ -249,7 +249,7 @@ echo after srun rc=$?
                  and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=180, what="restart 1")
         at = done(logs[0])
         wait_for(lambda: done(logs[0]) > at + 5, timeout=180, what="the job to step after its restore",
-                 detail=lambda: out.read_text())
+                 detail=lambda: output_of(out))
         assert drained not in _nodes(slurm_cluster, jobid)
         slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME")
         drained = None
@@ -374,7 +374,7 @@ def test_mpi_job_is_refused_naming_mpi_and_runs_on(slurm_cluster, workdir):
     try:
         slurm_cluster.wait_state(jobid, "RUNNING")
         wait_for(lambda: all(len(numbers(p)) > 5 for p in logs), timeout=120, what="both MPI ranks to run",
-                 detail=lambda: (workdir / "mpi.out").read_text())
+                 detail=lambda: output_of(workdir / "mpi.out"))
         r = gpucr(slurm_cluster, "checkpoint", jobid, check=False)
         assert r.returncode != 0
         lines = r.stderr.strip().splitlines()
@@ -456,7 +456,7 @@ def test_a_units_own_connection_with_full_queues_survives_preemptions(slurm_clus
                      and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120, what=f"restore {n}")
             at = len(numbers(log))
             wait_for(lambda: len(numbers(log)) > at + 5, what=f"counting after restore {n}",
-                     detail=lambda: (out.read_text(), slurm_cluster.restore_log(jobid)))
+                     detail=lambda: (output_of(out), slurm_cluster.restore_log(jobid)))
         info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
         assert log.read_text().splitlines()[-1] == "queues whole", log.read_text()[-200:]
         assert info["JobState"] == "COMPLETED" and "done rc=0" in out.read_text(), (out.read_text(), info)
@@ -541,7 +541,7 @@ def test_ranks_connected_to_the_batch_script_move_with_it(slurm_cluster, workdir
             drained = None
             at = len(numbers(log))
             wait_for(lambda: len(numbers(log)) > at + 5, timeout=120, what=f"the server reading after restore {n}",
-                     detail=lambda: (out.read_text(), log.read_text()[-300:], slurm_cluster.restore_log(jobid)))
+                     detail=lambda: (output_of(out), log.read_text()[-300:], slurm_cluster.restore_log(jobid)))
         info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
         assert log.read_text().splitlines()[-1] == "all words once, in order", log.read_text()[-300:]
         assert info["JobState"] == "COMPLETED" and "after server rc=0" in out.read_text(), (out.read_text(), info)

@@ -17,7 +17,7 @@ import sys
 import threading
 
 import pytest
-from job_helpers import assert_counted_once, gpucr, numbers, ranks_count_on, wait_for
+from job_helpers import assert_counted_once, gpucr, numbers, ranks_count_on, output_of, wait_for
 from shim_helpers import build_shim, gpucr_cli
 from shim_helpers import wait_for as wait_for_path
 
@@ -150,8 +150,8 @@ echo "after python"
         trigger.write_text("")
         wait_for(lambda: server.conn is not None, what="the script to connect to the server")
         slurm_cluster.run("scancel", "--batch", "--signal=USR2", jobid)
-        wait_for(lambda: failed in out.read_text(), timeout=120, what="the automatic checkpoint to fail",
-                 detail=lambda: out.read_text())
+        wait_for(lambda: failed in output_of(out), timeout=120, what="the automatic checkpoint to fail",
+                 detail=lambda: output_of(out))
         line = next(x for x in out.read_text().splitlines() if x.startswith(failed))
         assert "network connection that cannot move" in line, line
         server.close()  # the holder ends: nothing left that cannot move
