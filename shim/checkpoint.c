@@ -392,6 +392,7 @@ void gpucr_cmd_status(struct jbuf *out)
     jb_u64(out, "getproc_hooked", gpucr_stat_getproc_hooked);
     jb_u64(out, "dlsym_hooked", gpucr_stat_dlsym_hooked);
     jb_str(out, "socket", gpucr_control_path());
+    gpucr_nccl_status(out);
     jb_end(out);
 }
 
@@ -401,6 +402,8 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     if (state != ST_RUNNING)
         return fail(out, GPUCR_ALREADY_CHECKPOINTED, "already_checkpointed", "already checkpointed: restore it first");
     double t0 = gpucr_now();
+    if (gpucr_nccl_refusal(why, sizeof why)) /* its peers would wait for it forever */
+        return fail(out, GPUCR_FAILED, "refused", why);
     if (!gpucr_driver_loaded()) { /* a CPU process: nothing on the GPU */
         state = ST_CHECKPOINTED;
         state_cuda = 0;

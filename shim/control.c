@@ -17,7 +17,7 @@
 
 #include "gpucr.h"
 
-#define MAX_LINE 4096
+#define MAX_LINE 65536 /* nccl_rebuild carries a unique id per communicator */
 
 static char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static int listen_fd = -1;
@@ -112,6 +112,8 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
             jb_str(out, "error", "no such IPC export in this process");
         }
         jb_end(out);
+    } else if (!strncmp(req.cmd, "nccl_", 5) && gpucr_cmd_nccl(req.cmd, line, req.timeout_ms, out)) {
+        /* answered: the cut and the communicators (nccl_cut.c) */
     } else {
         jb_begin(out);
         jb_bool(out, "ok", 0);
@@ -184,7 +186,7 @@ static void serve(int fd)
          * the client's send fail with EPIPE before it can read why */
         struct timeval brief = {1, 0};
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &brief, sizeof brief);
-        char junk[MAX_LINE];
+        char junk[4096];
         ssize_t n;
         for (int k = 0; k < 4 && (n = recv(fd, junk, sizeof junk, 0)) > 0 && !memchr(junk, '\n', (size_t)n); k++)
             ;

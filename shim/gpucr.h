@@ -214,6 +214,14 @@ int gpucr_ipc_export_fd(uint64_t id, uint64_t *size);
 /* Serializes the commands above between the control thread and suspend.c. */
 extern pthread_mutex_t gpucr_cmd_mu;
 
+/* ---- nccl_cut.c: NCCL communicators across a checkpoint (a stub in unit tests) */
+/* An nccl_* control request answered into out: 1; 0 when cmd is not one. */
+int gpucr_cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jbuf *out);
+void gpucr_nccl_status(struct jbuf *out);          /* nccl_comms, nccl_cut */
+int gpucr_nccl_refusal(char *why, size_t len);     /* 1: communicators still up */
+void gpucr_nccl_cut_after_fork_child(void);
+void gpucr_nccl_comms_after_fork_child(void);
+
 /* ---- suspend.c: VRAM yield on SIGTSTP, restore on SIGCONT ------------- */
 #ifndef GPUCR_YIELD_ON_TSTP_DEFAULT
 #define GPUCR_YIELD_ON_TSTP_DEFAULT 1 /* GPUCR_YIELD_ON_TSTP unset or empty */

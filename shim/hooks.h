@@ -22,7 +22,7 @@ typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuu
 #define GPUCR_DRIVER_FUNCS(ENTRY)                                                                    \
     ENTRY(cuInit) ENTRY(cuDriverGetVersion) ENTRY(cuCtxGetCurrent) ENTRY(cuCtxSetCurrent)            \
     ENTRY(cuCtxGetDevice) ENTRY(cuCtxSynchronize) ENTRY(cuDeviceGetAttribute)                        \
-    ENTRY(cuDeviceGetDefaultMemPool) ENTRY(cuStreamCreate) ENTRY(cuStreamSynchronize)                \
+    ENTRY(cuDeviceGetDefaultMemPool) ENTRY(cuStreamCreate) ENTRY(cuStreamSynchronize) ENTRY(cuStreamIsCapturing) \
     ENTRY(cuMemcpyDtoHAsync_v2) ENTRY(cuMemcpyHtoDAsync_v2) ENTRY(cuMemAddressReserve)               \
     ENTRY(cuMemAddressFree) ENTRY(cuMemCreate) ENTRY(cuMemMap) ENTRY(cuMemUnmap) ENTRY(cuMemRelease) \
     ENTRY(cuMemSetAccess) ENTRY(cuMemGetAllocationGranularity) ENTRY(cuMemHostRegister_v2)           \

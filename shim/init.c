@@ -21,6 +21,8 @@ static void after_fork_child(void)
     gpucr_checkpoint_after_fork_child();
     gpucr_arena_ready_after_fork_child();
     gpucr_tstp_after_fork_child();
+    gpucr_nccl_comms_after_fork_child();
+    gpucr_nccl_cut_after_fork_child();
     if (enabled("GPUCR_CONTROL", 1))
         gpucr_control_after_fork_child();
 }

@@ -20,14 +20,12 @@ int gpucr_req_parse(const char *line, struct gpucr_req *req)
             return -1;
         switch (m.value.type) {
         case JSON_STRING:
+            if (strcmp(key, "cmd"))
+                break; /* other strings are read by the command itself */
             n = json_string(&m.value, sval, sizeof sval);
-            if (n < 0 || (size_t)n >= sizeof sval)
+            if (n < 0 || (size_t)n >= sizeof sval || (size_t)n >= sizeof req->cmd)
                 return -1;
-            if (!strcmp(key, "cmd")) {
-                if ((size_t)n >= sizeof req->cmd)
-                    return -1;
-                strcpy(req->cmd, sval);
-            }
+            strcpy(req->cmd, sval);
             break;
         case JSON_NUMBER:
             json_number(&m.value, &v);

@@ -27,6 +27,7 @@ from typing import Any
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.criu.run import process_tree
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
+from gpucr_hpc.process import nccl_cut
 from gpucr_hpc.shim.client import ShimClient, control_socket, pid_alive, shimmed_pids, socket_path, uses_shim
 from gpucr_hpc.shim.protocol import NO_REPLY, PREFILL, QUIESCE_TIMEOUT, Reply
 
@@ -43,6 +44,7 @@ class Target:
     shim_state: str = ""      # running / checkpointed (shim's view)
     driver_state: str | None = None
     gpu_pairs: list | None = None  # (old UUID, new UUID) per GPU it sees: restore onto other GPUs
+    nccl: str = ""            # its NCCL cut ("none", "torn_down", ...); "" without communicators
     checkpointed: Reply = NO_REPLY  # its shim's answer to the checkpoint
     restored: Reply = NO_REPLY      # and to the restore
 
@@ -75,6 +77,7 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
             if st is None:
                 continue  # a short-lived process (a `sleep`) ended while it was asked
             t.cuda, t.shim_state = st.cuda, st.state
+            t.nccl = str(st.raw.get("nccl_cut") or "") if int(st.raw.get("nccl_comms") or 0) else ""
         else:
             _refuse_unreachable_shim(p)
         targets.append(t)
@@ -278,8 +281,15 @@ def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Pat
     targets, driver = discover(pid, run_dir)
     if any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed") for t in targets):
         raise GpucrError(f"process {pid} is already checkpointed", f"restore it with `gpucr-hpc restore --pid {pid}`")
-    phases = {}
-    shim_checkpoint(targets, timeout_ms, run_dir)
+    phases: dict[str, float] = {}
+    ranks = nccl_ranks(targets)
+    if ranks:
+        phases.update(nccl_park(ranks, run_dir, timeout_ms))
+    try:
+        shim_checkpoint(targets, timeout_ms, run_dir)
+    except GpucrError:
+        nccl_cut.undo(ranks, run_dir)
+        raise
     done = [t.checkpointed for t in targets]
     phases["quiesce_s"] = max([r.quiesce_s for r in done] or [0.0])
     phases["data_s"] = max([r.data_s for r in done] or [0.0])
@@ -289,6 +299,7 @@ def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Pat
             driver_checkpoint(driver, targets, timeout_ms)
         except GpucrError as e:
             shim_restore(targets, run_dir)
+            nccl_cut.undo(ranks, run_dir)
             raise GpucrError(f"{e.cause}; checkpoint aborted, the processes keep running", e.fix)
     phases["control_s"] = time.monotonic() - t1
     return _summary(pid, targets, phases, t0, restored=False)
@@ -316,7 +327,29 @@ def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) ->
     t1 = time.monotonic()
     shim_restore(targets, run_dir)
     phases["data_s"] = time.monotonic() - t1
+    torn = [t.pid for t in targets if t.nccl == "torn_down"]
+    if torn:
+        phases.update(nccl_cut.rebuild(torn, run_dir))
     return _summary(pid, targets, phases, t0, restored=True)
+
+
+def nccl_ranks(targets) -> list[int]:
+    """The targets that hold NCCL communicators."""
+    return [t.pid for t in targets if t.nccl]
+
+
+def nccl_park(pids: list[int], run_dir: Path | None, timeout_ms: int, share=None) -> dict[str, float]:
+    """The NCCL ranks brought to a consistent cut and their communicators torn
+    down, ahead of the shims' checkpoint; on failure they run on."""
+    t0 = time.monotonic()
+    nccl_cut.cut(pids, run_dir, share=share or nccl_cut.alone)
+    t1 = time.monotonic()
+    try:
+        phases = nccl_cut.teardown(pids, run_dir, timeout_ms)
+    except GpucrError:
+        nccl_cut.undo(pids, run_dir)
+        raise
+    return {"cut_s": t1 - t0, **phases}
 
 
 @dataclass(frozen=True)

@@ -61,3 +61,16 @@ void gpucr_cmd_staging_drop(struct jbuf *out) { gpucr_cmd_status(out); }
 void gpucr_cmd_arena_attach(struct jbuf *out) { gpucr_cmd_status(out); }
 void gpucr_cmd_prefill(struct jbuf *out) { gpucr_cmd_status(out); }
 int gpucr_ipc_export_fd(uint64_t id, uint64_t *size) { (void)id; (void)size; return -1; }
+/* nccl_cut.c: no NCCL in unit tests; nccl_counts answers as a process without communicators */
+int gpucr_cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)line;
+    (void)timeout_ms;
+    if (strcmp(cmd, "nccl_counts"))
+        return 0;
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_str(out, "cut", "none");
+    jb_end(out);
+    return 1;
+}

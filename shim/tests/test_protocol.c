@@ -25,8 +25,10 @@ int main(void)
     CHECK(gpucr_req_parse("{\"cmd\":5}", &r) == -1);
     CHECK(gpucr_req_parse("{\"cmd\":\"status\",\"timeout_ms\":\"5\"}", &r) == 0 && r.timeout_ms == -1);
     CHECK(gpucr_req_parse("{\"cmd\":\"ipc_fd\",\"id\":-4}", &r) == 0 && r.id == 0);
+    /* a long string beside cmd is the command's to read (nccl_rebuild's unique ids) */
     CHECK(gpucr_req_parse("{\"cmd\":\"status\",\"pad\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
-                          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}", &r) == -1);
+                          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}", &r) == 0 &&
+          !strcmp(r.cmd, "status"));
     PASS("parse");
 
     struct jbuf j;

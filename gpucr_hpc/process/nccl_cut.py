@@ -1,0 +1,224 @@
+"""NCCL communicators across a checkpoint: the consistent cut, the teardown and
+the rebuild, driven over the shims' control sockets of every rank at once.
+
+A rank that has launched collective #k while a peer has not would wait for it
+forever once that peer is quiesced. So before the ordinary checkpoint:
+
+  freeze    every rank stops at its next NCCL operation and says, for each of its
+            communicators (by key, the same on every rank), how many it issued;
+  targets   each communicator's target is the largest count over its ranks; the
+            ranks behind run on until they reach it, and park; a rank that went
+            past a target (it had another communicator to catch up on) raises
+            that target, and the round repeats;
+  park      once every rank reports its counts equal to the targets;
+  teardown  every rank finalizes and destroys its communicators, which hands
+            back the GPU memory NCCL shares between processes (the driver's
+            checkpoint refuses such memory).
+After the restore each communicator's rank 0 makes a fresh unique id, every rank
+gets them all, and the communicators are made anew (`rebuild`); the parked
+operations then run against them. A cut that does not settle by its deadline is
+given up (`thaw`): the ranks run on and the checkpoint fails with one line.
+
+MANA's per-communicator sequence numbers and NVIDIA's nccl_checkpoint contrib
+are the prior art; neither was copied.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.shim.client import ShimClient
+from gpucr_hpc.shim.protocol import Reply
+
+DEFAULT_DEADLINE_S = 60.0
+POLL_S = 0.005
+
+
+@dataclass(frozen=True)
+class Comm:
+    """One communicator as one rank sees it."""
+
+    key: str
+    ops: int
+    rank: int
+    nranks: int
+
+    @classmethod
+    def parse(cls, text: str) -> Comm:
+        key, ops, rank, nranks = text.split(":")
+        return cls(key, int(ops), int(rank), int(nranks))
+
+
+@dataclass
+class RankState:
+    pid: int
+    cut: str
+    quiet: bool
+    settled: bool
+    comms: tuple[Comm, ...]
+    unrestorable: str = ""
+
+    @classmethod
+    def of(cls, pid: int, r: Reply) -> RankState:
+        d = r.raw
+        return cls(pid, str(d.get("cut", "")), bool(d.get("quiet")), bool(d.get("settled")),
+                   tuple(Comm.parse(c) for c in d.get("comms") or ()), str(d.get("unrestorable") or ""))
+
+
+Share = Callable[[list["RankState"], bool], tuple[list["RankState"], bool]]
+
+
+def with_comms(statuses: dict[int, Reply]) -> list[int]:
+    """The processes (by pid) that hold NCCL communicators, from their shims' status."""
+    return sorted(pid for pid, st in statuses.items() if int(st.raw.get("nccl_comms") or 0) > 0)
+
+
+def _ask(pids, run_dir: Path | None, cmd: str, timeout: float = 30.0, **fields) -> dict[int, Reply]:
+    def one(pid):
+        return pid, ShimClient(pid, run_dir).request(cmd, timeout=timeout, **fields)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(pids)))) as pool:
+        return dict(pool.map(one, pids))
+
+
+def _states(pids, run_dir, cmd="nccl_counts", **fields) -> list[RankState]:
+    replies = _ask(pids, run_dir, cmd, **fields)
+    for pid, r in replies.items():
+        if not r.ok and r.reason not in ("not_settled",):
+            raise GpucrError(f"process {pid}: {r.error or cmd + ' failed'}", "")
+    return [RankState.of(pid, r) for pid, r in replies.items()]
+
+
+def _targets(states: list[RankState]) -> dict[str, int]:
+    """Each communicator's target: the largest count over its ranks. Every rank of
+    every communicator must be among the processes checkpointed together."""
+    top: dict[str, int] = {}
+    ranks: dict[str, set[int]] = defaultdict(set)
+    size: dict[str, int] = {}
+    for s in states:
+        for c in s.comms:
+            top[c.key] = max(top.get(c.key, 0), c.ops)
+            ranks[c.key].add(c.rank)
+            size[c.key] = max(size.get(c.key, 0), c.nranks)
+    for key, seen in ranks.items():
+        if size[key] and len(seen) < size[key]:
+            raise GpucrError(f"NCCL communicator {key} has {size[key]} ranks but only {len(seen)} of them are in "
+                             f"this checkpoint", "checkpoint the whole job (every rank) together")
+    return top
+
+
+def _at(states: list[RankState], targets: dict[str, int]) -> bool:
+    return all(c.ops == targets[c.key] for s in states for c in s.comms)
+
+
+def alone(states: list[RankState], expired: bool) -> tuple[list[RankState], bool]:
+    return states, expired
+
+
+def cut(pids: list[int], run_dir: Path | None = None, deadline_s: float = DEFAULT_DEADLINE_S,
+        share: Share = alone) -> dict[str, int]:
+    """Brings every rank in pids to a consistent cut and parks it there; returns
+    the targets reached. On any failure the ranks are thawed and run on.
+
+    share(local states, local deadline passed) -> (every rank's states, any
+    deadline passed): the node agents pass an allgather, so that every agent
+    sees the same states and takes the same steps; alone it is the identity."""
+    end = time.monotonic() + deadline_s
+
+    def everyone(cmd="nccl_counts", **fields) -> list[RankState]:
+        states, expired = share(_states(pids, run_dir, cmd, **fields), time.monotonic() > end)
+        if expired:
+            raise GpucrError("the ranks did not reach a consistent cut of their NCCL operations in time (a rank may "
+                             "be waiting for another outside NCCL); checkpoint aborted, the job runs on",
+                             "retry the checkpoint")
+        return states
+
+    try:
+        states = everyone("nccl_freeze")
+        bad = [s for s in states if s.unrestorable]
+        if bad:
+            raise GpucrError(f"process {bad[0].pid}: checkpoint refused: {bad[0].unrestorable}; it keeps running", "")
+        while True:
+            while not all(s.quiet for s in states):  # a group open at the freeze ends first
+                time.sleep(POLL_S)
+                states = everyone()
+            targets = _targets(states)
+            states = everyone("nccl_targets", targets=",".join(f"{k}={v}" for k, v in sorted(targets.items())))
+            while not (all(s.settled for s in states) or any(c.ops > targets[c.key] for s in states for c in s.comms)):
+                time.sleep(POLL_S)
+                states = everyone()
+            if all(s.settled for s in states) and _at(states, targets):
+                parked, _ = share([RankState(pid, "parked" if r.ok else "", True, r.ok, ())
+                                   for pid, r in _ask(pids, run_dir, "nccl_park").items()], False)
+                if all(s.settled for s in parked):
+                    return targets
+                states = everyone()  # one moved on since: a new round
+    except GpucrError:
+        thaw(pids, run_dir)
+        raise
+
+
+def thaw(pids: list[int], run_dir: Path | None = None) -> None:
+    """Best effort: every rank leaves the cut and runs on."""
+    try:
+        _ask(pids, run_dir, "nccl_thaw")
+    except GpucrError:
+        pass
+
+
+def teardown(pids: list[int], run_dir: Path | None = None, timeout_ms: int = 10_000) -> dict[str, float]:
+    """Every parked rank finalizes and destroys its communicators (in parallel:
+    a finalize may wait for its peers)."""
+    replies = _ask(pids, run_dir, "nccl_teardown", timeout=timeout_ms / 1000 + 60, timeout_ms=timeout_ms)
+    bad = [(pid, r) for pid, r in replies.items() if not r.ok]
+    if bad:
+        pid, r = bad[0]
+        raise GpucrError(f"process {pid}: {r.error or 'NCCL teardown failed'}", "")
+    return {"teardown_s": max(float(r.raw.get("teardown_s") or 0.0) for r in replies.values())}
+
+
+def torn_down(pids: list[int], run_dir: Path | None = None) -> list[int]:
+    return [s.pid for s in _states(pids, run_dir) if s.cut == "torn_down"]
+
+
+def rebuild(pids: list[int], run_dir: Path | None = None, timeout_s: float = 300.0,
+            share_ids: Callable[[dict[str, str]], dict[str, str]] = lambda ids: ids) -> dict[str, float]:
+    """New communicators on every rank: fresh unique ids from each one's rank 0,
+    handed to all (share_ids: across the node agents), then made together (each
+    rank's make waits for its peers)."""
+    t0 = time.monotonic()
+    ids: dict[str, str] = {}
+    for pid, r in _ask(pids, run_dir, "nccl_ids").items():
+        if not r.ok:
+            raise GpucrError(f"process {pid}: {r.error or 'no NCCL unique ids'}", "")
+        for item in filter(None, str(r.raw.get("ids") or "").split(",")):
+            key, _, value = item.partition("=")
+            ids[key] = value
+    ids = share_ids(ids)
+    listed = ",".join(f"{k}={v}" for k, v in sorted(ids.items()))
+    replies = _ask(pids, run_dir, "nccl_rebuild", timeout=timeout_s, ids=listed)
+    bad = [(pid, r) for pid, r in replies.items() if not r.ok]
+    if bad:
+        pid, r = bad[0]
+        raise GpucrError(f"process {pid}: {r.error or 'NCCL rebuild failed'}",
+                         "the job's ranks stay parked; restore it again, or cancel it")
+    return {"rebuild_s": time.monotonic() - t0}
+
+
+def undo(pids: list[int], run_dir: Path | None = None) -> None:
+    """After a checkpoint given up past the cut: ranks still parked are thawed;
+    once any rank tore its communicators down, all do and all are rebuilt."""
+    torn = torn_down(pids, run_dir)
+    if not torn:
+        thaw(pids, run_dir)
+        return
+    rest = [p for p in pids if p not in torn]
+    if rest:
+        teardown(rest, run_dir)
+    rebuild(pids, run_dir)
