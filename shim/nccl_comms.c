@@ -19,7 +19,8 @@
 
 pthread_mutex_t gpucr_nccl_mu = PTHREAD_MUTEX_INITIALIZER;
 pthread_cond_t gpucr_nccl_cv = PTHREAD_COND_INITIALIZER;
-int gpucr_nccl_foreign;
+const char *gpucr_nccl_foreign;
+__thread int gpucr_nccl_inner;
 static struct gpucr_vcomm *first, *last;
 static struct gpucr_vreg *regs;
 static int nseq;
@@ -68,6 +69,15 @@ void *gpucr_nccl_real(void **cache, const char *pname)
 #define REAL(pname, type) ((type)gpucr_nccl_real(&real_##pname, #pname))
 #define NCCL_MISSING 3 /* ncclInternalError: the real entry point is not there */
 
+/* A real communicator behind one of ours (NCCL calling its own names), under gpucr_nccl_mu. */
+static int gpucr_nccl_known_real(ncclComm_t comm)
+{
+    for (struct gpucr_vcomm *vc = first; vc; vc = vc->next)
+        if (vc->real == comm)
+            return 1;
+    return 0;
+}
+
 struct gpucr_vcomm *gpucr_vcomm_of(ncclComm_t comm)
 {
     struct gpucr_vcomm *vc = (struct gpucr_vcomm *)comm;
@@ -106,12 +116,20 @@ ncclResult_t gpucr_nccl_enter(struct gpucr_nccl_call *c, ncclComm_t comm, enum g
     if (!gpucr_nccl_real(cache, pname))
         return NCCL_MISSING;
     struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
+    c->vc = NULL;
+    c->real = vc ? vc->real : comm;
+    if (gpucr_nccl_inner) {
+        gpucr_nccl_inner++;
+        return GPUCR_NCCL_SUCCESS;
+    }
     int graph = kind == GPUCR_NCCL_OPERATION && vc && stream_capturing(stream);
     c->vc = vc;
     pthread_mutex_lock(&gpucr_nccl_mu);
     if (!vc) {
-        gpucr_nccl_foreign = 1; /* passed through as it is: the checkpoint refuses */
-        c->real = comm;
+        if (comm && !gpucr_nccl_known_real(comm) && !gpucr_nccl_foreign) {
+            gpucr_nccl_foreign = pname + 1; /* passed through as it is: the checkpoint refuses */
+            gpucr_log("nccl: %s got communicator %p, not one the shim made", pname + 1, (void *)comm);
+        }
     } else {
         if (kind == GPUCR_NCCL_OPERATION && gpucr_nccl_group_depth == 0) {
             while (gpucr_nccl_must_park())
@@ -129,6 +147,7 @@ ncclResult_t gpucr_nccl_enter(struct gpucr_nccl_call *c, ncclComm_t comm, enum g
         c->real = vc->real;
     }
     gpucr_nccl_inflight++;
+    gpucr_nccl_inner++;
     pthread_mutex_unlock(&gpucr_nccl_mu);
     return GPUCR_NCCL_SUCCESS;
 }
@@ -136,6 +155,8 @@ ncclResult_t gpucr_nccl_enter(struct gpucr_nccl_call *c, ncclComm_t comm, enum g
 void gpucr_nccl_exit(struct gpucr_nccl_call *c)
 {
     (void)c;
+    if (--gpucr_nccl_inner > 0)
+        return;
     pthread_mutex_lock(&gpucr_nccl_mu);
     if (--gpucr_nccl_inflight == 0)
         pthread_cond_broadcast(&gpucr_nccl_cv);
@@ -199,8 +220,9 @@ GPUCR_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUni
     if (!f)
         return NCCL_MISSING;
     ncclComm_t real = NULL;
+    gpucr_nccl_inner++;
     ncclResult_t r = f(&real, nranks, id, rank);
-    if (made(r))
+    if (--gpucr_nccl_inner == 0 && made(r))
         hand_out(comm, real, key_of_id(&id), nranks, rank, NULL);
     return r;
 }
@@ -212,8 +234,9 @@ GPUCR_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, n
     if (!f)
         return NCCL_MISSING;
     ncclComm_t real = NULL;
+    gpucr_nccl_inner++;
     ncclResult_t r = f(&real, nranks, id, rank, config);
-    if (made(r))
+    if (--gpucr_nccl_inner == 0 && made(r))
         hand_out(comm, real, key_of_id(&id), nranks, rank, config);
     return r;
 }
@@ -226,8 +249,9 @@ GPUCR_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks,
     if (!f)
         return NCCL_MISSING;
     ncclComm_t real = NULL;
+    gpucr_nccl_inner++;
     ncclResult_t r = f(&real, nranks, rank, nid, ids, config);
-    if (made(r) && nid > 0)
+    if (--gpucr_nccl_inner == 0 && made(r) && nid > 0)
         hand_out(comm, real, key_of_id(&ids[0]), nranks, rank, config);
     else if (made(r))
         *comm = real;
@@ -241,8 +265,11 @@ GPUCR_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int
     fn f = REAL(pncclCommInitAll, fn);
     if (!f)
         return NCCL_MISSING;
+    gpucr_nccl_inner++;
     ncclResult_t r = f(comms, ndev, devlist);
-    for (int i = 0; made(r) && i < ndev; i++) {
+    if (--gpucr_nccl_inner > 0 || !made(r))
+        return r;
+    for (int i = 0; i < ndev; i++) {
         struct gpucr_vcomm *vc = adopt(comms[i], key_of_child((uint64_t)nseq, (uint64_t)i, 0), ndev, i, NULL);
         if (vc) {
             vc->unrestorable = "it drives several GPUs from one process (ncclCommInitAll)";
@@ -256,9 +283,9 @@ GPUCR_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int
 static uint64_t child_key(struct gpucr_vcomm *parent, int color)
 {
     pthread_mutex_lock(&gpucr_nccl_mu);
-    uint64_t n = parent ? parent->children++ : 0;
+    uint64_t n = parent->children++;
     pthread_mutex_unlock(&gpucr_nccl_mu);
-    return key_of_child(parent ? parent->key : 0, n, color);
+    return key_of_child(parent->key, n, color);
 }
 
 GPUCR_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config)
@@ -269,10 +296,12 @@ GPUCR_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
     if (r != GPUCR_NCCL_SUCCESS)
         return r;
     ncclComm_t real = NULL;
+    int outer = gpucr_nccl_inner == 1;
     r = ((fn)real_pncclCommSplit)(c.real, color, key, &real, config);
     gpucr_nccl_exit(&c);
-    uint64_t k = child_key(c.vc, color);
-    if (made(r) && real)
+    /* every rank of the parent numbers the split, also one that gets no child */
+    uint64_t k = outer && c.vc ? child_key(c.vc, color) : 0;
+    if (outer && c.vc && made(r) && real)
         hand_out(newcomm, real, k, 0, 0, config); /* its size and rank: asked once it is ready */
     else if (made(r))
         *newcomm = real;
@@ -288,11 +317,13 @@ GPUCR_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int *exclude, int nexc
     if (r != GPUCR_NCCL_SUCCESS)
         return r;
     ncclComm_t real = NULL;
+    int outer = gpucr_nccl_inner == 1;
     r = ((fn)real_pncclCommShrink)(c.real, exclude, nexclude, &real, config, flags);
     gpucr_nccl_exit(&c);
-    uint64_t k = child_key(c.vc, -2);
-    if (made(r) && real)
-        hand_out(newcomm, real, k, 0, 0, config);
+    if (!outer)
+        *newcomm = real;
+    else if (made(r) && real && c.vc)
+        hand_out(newcomm, real, child_key(c.vc, -2), 0, 0, config);
     else if (made(r))
         *newcomm = real;
     return r;
@@ -312,10 +343,14 @@ GPUCR_EXPORT ncclResult_t ncclCommGrow(ncclComm_t comm, int nranks, const ncclUn
         return NCCL_MISSING;
     }
     ncclComm_t real = NULL;
+    int outer = gpucr_nccl_inner == (comm ? 1 : 0);
+    gpucr_nccl_inner += !comm;
     r = ((fn)real_pncclCommGrow)(c.real, nranks, id, rank, &real, config);
     if (comm)
         gpucr_nccl_exit(&c);
-    if (made(r) && real && id)
+    else
+        gpucr_nccl_inner--;
+    if (outer && made(r) && real && id)
         hand_out(newcomm, real, key_of_id(id), nranks, rank, config);
     else if (made(r))
         *newcomm = real;
@@ -333,8 +368,8 @@ static ncclResult_t end(ncclComm_t comm, void **cache, const char *pname, int fr
     struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
     if (!gpucr_nccl_real(cache, pname))
         return NCCL_MISSING;
-    if (!vc)
-        return ((comm_fn)*cache)(comm);
+    if (!vc || gpucr_nccl_inner)
+        return ((comm_fn)*cache)(vc ? vc->real : comm);
     pthread_mutex_lock(&gpucr_nccl_mu);
     while (gpucr_nccl_parked() && !gpucr_nccl_torn_down())
         pthread_cond_wait(&gpucr_nccl_cv, &gpucr_nccl_mu);
@@ -343,6 +378,7 @@ static ncclResult_t end(ncclComm_t comm, void **cache, const char *pname, int fr
     if (frees)
         vc->real = NULL;
     gpucr_nccl_inflight += real != NULL;
+    gpucr_nccl_inner += real != NULL;
     pthread_mutex_unlock(&gpucr_nccl_mu);
     if (!real)
         return GPUCR_NCCL_SUCCESS;
@@ -372,9 +408,14 @@ GPUCR_EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm)
 /* The real communicator for a question, or NULL to answer it ourselves. */
 static ncclComm_t askable(struct gpucr_vcomm *vc)
 {
+    if (gpucr_nccl_inner) { /* from inside NCCL or the shim's own rebuild */
+        gpucr_nccl_inner += vc->real != NULL;
+        return vc->real;
+    }
     pthread_mutex_lock(&gpucr_nccl_mu);
     ncclComm_t real = gpucr_nccl_parked() ? NULL : vc->real;
     gpucr_nccl_inflight += real != NULL;
+    gpucr_nccl_inner += real != NULL;
     pthread_mutex_unlock(&gpucr_nccl_mu);
     return real;
 }
@@ -524,6 +565,8 @@ GPUCR_EXPORT ncclResult_t ncclGroupStart(void)
     fn f = REAL(pncclGroupStart, fn);
     if (!f)
         return NCCL_MISSING;
+    if (gpucr_nccl_inner)
+        return f();
     pthread_mutex_lock(&gpucr_nccl_mu);
     if (gpucr_nccl_group_depth == 0) {
         while (gpucr_nccl_must_park())
@@ -532,7 +575,9 @@ GPUCR_EXPORT ncclResult_t ncclGroupStart(void)
     }
     gpucr_nccl_group_depth++;
     pthread_mutex_unlock(&gpucr_nccl_mu);
+    gpucr_nccl_inner++;
     ncclResult_t r = f();
+    gpucr_nccl_inner--;
     if (r != GPUCR_NCCL_SUCCESS) {
         pthread_mutex_lock(&gpucr_nccl_mu);
         if (--gpucr_nccl_group_depth == 0) {
@@ -550,7 +595,11 @@ GPUCR_EXPORT ncclResult_t ncclGroupEnd(void)
     fn f = REAL(pncclGroupEnd, fn);
     if (!f)
         return NCCL_MISSING;
+    if (gpucr_nccl_inner)
+        return f();
+    gpucr_nccl_inner++;
     ncclResult_t r = f();
+    gpucr_nccl_inner--;
     pthread_mutex_lock(&gpucr_nccl_mu);
     if (gpucr_nccl_group_depth > 0 && --gpucr_nccl_group_depth == 0) {
         gpucr_nccl_in_group--;
@@ -572,4 +621,6 @@ void gpucr_nccl_comms_after_fork_child(void)
     gpucr_nccl_inflight = 0;
     gpucr_nccl_in_group = 0;
     gpucr_nccl_group_depth = 0;
+    gpucr_nccl_inner = 0;
+    gpucr_nccl_foreign = NULL;
 }

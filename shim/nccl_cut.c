@@ -130,8 +130,8 @@ void gpucr_nccl_status(struct jbuf *out)
 static const char *unrestorable(char *why, size_t len)
 {
     if (gpucr_nccl_foreign) {
-        snprintf(why, len, "the process used an NCCL communicator the gpucr shim did not see made (was libnccl "
-                           "loaded before the shim?)");
+        snprintf(why, len, "the process gave %s an NCCL communicator the gpucr shim did not see made",
+                 gpucr_nccl_foreign);
         return why;
     }
     for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next)
@@ -480,8 +480,18 @@ static void rebuild(const char *line, struct jbuf *out)
     jb_end(out);
 }
 
+static int cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jbuf *out);
+
 /* control.c: an nccl_* request; 0 when cmd is not one. */
 int gpucr_cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jbuf *out)
+{
+    gpucr_nccl_inner++; /* the shim's own NCCL calls never park */
+    int r = cmd_nccl(cmd, line, timeout_ms, out);
+    gpucr_nccl_inner--;
+    return r;
+}
+
+static int cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jbuf *out)
 {
     if (!strcmp(cmd, "nccl_freeze"))
         freeze(out);

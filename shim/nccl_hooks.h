@@ -69,7 +69,10 @@ extern pthread_cond_t gpucr_nccl_cv;
 struct gpucr_vcomm *gpucr_vcomm_first(void);
 void gpucr_nccl_comms_after_fork_child(void);
 struct gpucr_vreg *gpucr_vreg_first(void);
-extern int gpucr_nccl_foreign; /* a communicator the shim did not make was used */
+extern const char *gpucr_nccl_foreign; /* the first entry point given a communicator the shim did not make */
+/* Calls from inside NCCL (or from the shim's own teardown and rebuild) pass
+ * straight through: NCCL may call its public names itself. */
+extern __thread int gpucr_nccl_inner;
 
 /* nccl_cut.c */
 int gpucr_nccl_must_park(void); /* gpucr_nccl_mu held: an operation waits */
