@@ -14,6 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
+
 def say(line: str) -> None:
     os.write(1, (line + "\n").encode())  # one write: the ranks share the launcher's stdout
 
