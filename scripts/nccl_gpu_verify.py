@@ -153,10 +153,12 @@ def main() -> int:
     res["shim_rc"] = rc
     if args.logs:
         for name, p in (("reference", ref), ("shim", proc)):
-            Path(args.logs, f"{Path(args.out).stem}-{name}.err").write_text("\n".join(p.err))
+            Path(args.logs, f"{Path(args.out).stem}-{name}.log").write_text("\n".join(p.lines + p.err))
     res["shim_stderr_tail"] = [ln for ln in proc.err if "NCCL INFO" not in ln][-40:]
     ref_out, shim_out = ref.results(args.ranks), proc.results(args.ranks)
-    transports = sorted({m.group(1) for ln in proc.err for m in [re.search(r"via (P2P/\S+|SHM/\S+|NET/\S+)", ln)] if m})
+    # NCCL's INFO log goes to stdout: "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
+    transports = sorted({m.group(1) for ln in proc.lines + proc.err
+                         for m in [re.search(r"via (P2P/\S+|SHM/\S+|NET/\S+)", ln)] if m})
     res["nccl_transports"] = transports
     ck = res["checks"]
     ck["completed"] = rc == 0 and "error" not in res

@@ -37,7 +37,7 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
-from gpucr_hpc.job import connections, generations
+from gpucr_hpc.job import connections, generations, nccl_ranks
 from gpucr_hpc.job.connections import Socket
 from gpucr_hpc.job.units import Unit, local_units, mpi_process
 from gpucr_hpc.process import image as process_image
@@ -75,6 +75,7 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded:
                     tcp: dict | None = None) -> dict:
     """tcp: the unit's TCP connections as the cut found them ("lock": who locks them;
     "ends", "peers": what a restore elsewhere needs to move them)."""
+    nccl = len(nccl_ranks.ranks_in([unit.pid], None))  # a restore rebuilds their communicators
     rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, stay_yielded=stay_yielded,
                                       tcp_lock=(tcp or {}).get("lock"))
     saved, script = {}, None
@@ -88,7 +89,7 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded:
                 save_output(path, sizes[path], gen_dir / rel)
                 saved[path] = {"file": rel, "size": sizes[path]}
     return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"], "gpu_held": rep["gpu_held"],
-            "saved_output": saved, "saved_script": script, "stdio": stdio_of(unit.pid),
+            "saved_output": saved, "saved_script": script, "stdio": stdio_of(unit.pid), "nccl": nccl,
             **({"tcp": {k: v for k, v in tcp.items() if k != "lock"}} if tcp else {})}
 
 
@@ -280,11 +281,21 @@ def run_checkpoint(args) -> int:
         if comm.rank == 1 and config.fault("agent_dies_after_lock"):
             os.kill(os.getpid(), signal.SIGKILL)
     with lease:
+        nccl: list[int] = []
         if comm.allreduce(1 if rep["ok"] else 0, op=MIN) and not refusal:
-            rep = prepare(job, gen_dir, units, run_dir, tcp_plans(mine, cut), stay_yielded=args.stay_yielded)
+            # every agent is here: the NCCL ranks of every node stop at one cut
+            nccl = nccl_ranks.ranks_in([u.pid for u in units], run_dir)
+            why = nccl_ranks.park(comm, nccl, run_dir)
+            if why:
+                rep = {**failed, "errors": [why] if comm.rank == 0 else []}
+            else:
+                rep = prepare(job, gen_dir, units, run_dir, tcp_plans(mine, cut), stay_yielded=args.stay_yielded)
+                if not args.stay_yielded:  # the job runs on: its communicators again
+                    why = nccl_ranks.rebuild(comm, nccl, run_dir)
+                    rep["errors"] += [why] if why else []
         elif rep["ok"]:
             rep = {**failed, "errors": []}  # another node said why
-        return _vote_and_commit(comm, MIN, job, gen_dir, rep)
+        return _vote_and_commit(comm, MIN, job, gen_dir, rep, nccl if args.stay_yielded else [])
 
 
 def _print_reports(reports: list[dict], result: dict) -> None:
@@ -295,7 +306,8 @@ def _print_reports(reports: list[dict], result: dict) -> None:
     print(json.dumps({"result": result}), flush=True)
 
 
-def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict) -> int:
+def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict, nccl: list[int] | None = None) -> int:
+    """nccl: ranks whose communicators are torn down, rebuilt if the job runs on."""
     yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
     reports = comm.gather(rep, root=0)
     committed = False
@@ -311,6 +323,8 @@ def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict) -> int:
     committed = comm.bcast(committed, root=0)
     if not committed:
         rep["errors"] += resume_held(gen_dir, rep["units"])  # before the .h5 files go
+        why = nccl_ranks.rebuild(comm, nccl or [], _run_dir(job))
+        rep["errors"] += [why] if why else []
         comm.allreduce(1, op=MIN)
         if comm.rank == 0:
             generations.discard(gen_dir)  # the processes never stopped: nothing else to undo
@@ -325,20 +339,33 @@ def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict) -> int:
     return 0  # the outcome is in the result line; non-zero means an agent broke
 
 
-def _in_place(job: dict, action: str) -> dict:
-    """Checkpoint (action "checkpoint") or restore every unit of this node in place."""
+def _run_dir(job: dict) -> Path:
+    return load_site().job_run_dir(job["id"], node_name())
+
+
+def _in_place(comm, job: dict, action: str) -> dict:
+    """Checkpoint (action "checkpoint") or restore every unit of this node in place.
+    Every agent calls it: the job's NCCL ranks are cut and rebuilt together."""
     from gpucr_hpc.process import in_place
 
-    site = load_site()
     node = node_name()
-    run_dir = site.job_run_dir(job["id"], node)
+    run_dir = _run_dir(job)
     os.environ["GPUCR_RUN_DIR"] = str(run_dir)
     t0 = time.monotonic()
     done, errors = [], []
-    for u in local_units(run_dir, node):
+    units = local_units(run_dir, node)
+    nccl = nccl_ranks.ranks_in([u.pid for u in units], run_dir)
+    if action == "checkpoint":
+        why = nccl_ranks.park(comm, nccl, run_dir)
+        if why:
+            return {"node": node, "ok": False, "units": [], "errors": [why] if comm.rank == 0 else [],
+                    "seconds": time.monotonic() - t0}
+    for u in units:
         try:
-            fn = in_place.checkpoint_tree if action == "checkpoint" else in_place.restore_tree
-            rep = fn(u.pid, run_dir=run_dir)
+            if action == "checkpoint":
+                rep = in_place.checkpoint_tree(u.pid, run_dir=run_dir)
+            else:
+                rep = in_place.restore_tree(u.pid, run_dir=run_dir, rebuild=False)
             done.append({"unit": u.name, "bytes": rep["bytes"], "processes": len(rep["processes"]),
                          "gpu_processes": sum(1 for p in rep["processes"] if p["cuda"]),
                          "phases": rep["phases"]})
@@ -346,6 +373,9 @@ def _in_place(job: dict, action: str) -> dict:
             continue  # nothing on a GPU in this unit, or nothing left to restore
         except GpucrError as e:
             errors.append(f"{u.name} on {node}: {e.one_line()}")
+    if action == "restore":
+        why = nccl_ranks.rebuild(comm, nccl, run_dir)
+        errors += [why] if why else []
     return {"node": node, "ok": not errors, "units": done, "errors": errors,
             "seconds": time.monotonic() - t0}
 
@@ -353,10 +383,10 @@ def _in_place(job: dict, action: str) -> dict:
 def run_yield(args) -> int:
     comm, MIN = world()
     job = json.loads(args.job_json)
-    rep = _in_place(job, "checkpoint")
+    rep = _in_place(comm, job, "checkpoint")
     yes = comm.allreduce(1 if rep["ok"] else 0, op=MIN)
-    if not yes and rep["units"]:
-        rep["undone"] = _in_place(job, "restore")["ok"]  # the suspend is off: reclaim the GPU
+    if not yes:  # every agent: the suspend is off, reclaim the GPU (and rebuild together)
+        rep["undone"] = _in_place(comm, job, "restore")["ok"]
     reports = comm.gather(rep, root=0)
     if comm.rank == 0:
         _print_reports(reports, _in_place_result(reports, bool(yes)))
@@ -365,7 +395,7 @@ def run_yield(args) -> int:
 
 def run_reclaim(args) -> int:
     comm, MIN = world()
-    return _report_in_place(comm, MIN, _in_place(json.loads(args.job_json), "restore"))
+    return _report_in_place(comm, MIN, _in_place(comm, json.loads(args.job_json), "restore"))
 
 
 def _report_in_place(comm, MIN, rep: dict) -> int:

@@ -38,9 +38,10 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import generations, rank_connections, restore_cap
+from gpucr_hpc.job import generations, nccl_ranks, rank_connections, restore_cap
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.process import image as process_image
+from gpucr_hpc.process import nccl_cut
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import files as image_store
@@ -229,6 +230,8 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
     finally:
         remove_created(created)  # the restored shell holds it open by now
     register(site.job_run_dir(jobid), unit, rep["pid"])
+    if unit["name"] == "batch" and unit.get("nccl"):  # the script's own ranks: all in this tree
+        nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir)
     return rep
 
 
@@ -255,6 +258,8 @@ def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = N
     back_dir = gen.parent / RANKS_BACK
     shutil.rmtree(back_dir, ignore_errors=True)  # an earlier restore's
     back_dir.mkdir(mode=0o700)
+    if any(u.get("nccl") for u in ranks):
+        nccl_ranks.fresh_ids_folder(gen.parent)
     where = where_now(m)
     placed = [where[u["name"]] for u in ranks]
     hostfile = gen.parent / "rank-nodes"  # the layout the ranks are restored to, one line per rank

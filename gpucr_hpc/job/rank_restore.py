@@ -20,7 +20,7 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import rank_connections
+from gpucr_hpc.job import nccl_ranks, rank_connections
 from gpucr_hpc.job.batch_restore import RANKS_BACK, give_up, log, open_log, rank_back, ranks_of, restore_unit
 from gpucr_hpc.job.batch_restore import say as kept_say
 from gpucr_hpc.slurm import commands as slurm
@@ -154,6 +154,22 @@ def main(argv=None) -> int:
         return 1
     if not (procid == 1 and config.fault("rank_not_back")):
         rank_back(gen.parent, procid)  # the batch step lets go of the job's lock once all are
+    if any(u.get("nccl") for u in ranks):
+        # the ranks' NCCL communicators, made anew with every rank of the step
+        run_dir = load_site().job_run_dir(str(m["job"]["id"]), unit["node"])
+        try:
+            nccl_ranks.rebuild_by_files(gen.parent, procid, len(ranks), nccl_ranks.ranks_in([rep["pid"]], run_dir),
+                                        run_dir, float(config.value("GPUCR_RANKS_BACK_TIMEOUT")))
+        except GpucrError as e:
+            end_tree(rep["pid"], rep["_launcher"])
+            lease.close()
+            try:
+                give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {e.one_line()}",
+                        f"the NCCL communicators of {gen.name} were not rebuilt",
+                        f"fix that, gpucr-hpc restore {jobid} --from N")
+            except GpucrError as hold:
+                say(f"gpucr: error: holding job {jobid} failed: {hold.one_line()}")
+            return 1
     if held:
         try:
             rank_connections.hold_until_all_back(gen.parent / RANKS_BACK, len(ranks),

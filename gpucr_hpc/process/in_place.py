@@ -282,7 +282,7 @@ def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Pat
     if any(t.shim_state == "checkpointed" or t.driver_state in ("locked", "checkpointed") for t in targets):
         raise GpucrError(f"process {pid} is already checkpointed", f"restore it with `gpucr-hpc restore --pid {pid}`")
     phases: dict[str, float] = {}
-    ranks = nccl_ranks(targets)
+    ranks = [t.pid for t in targets if t.nccl and t.nccl != "torn_down"]  # torn down: by the job's agents
     if ranks:
         phases.update(nccl_park(ranks, run_dir, timeout_ms))
     try:
@@ -305,10 +305,12 @@ def checkpoint_tree(pid: int, timeout_ms: int = DEFAULT_TIMEOUT_MS, run_dir: Pat
     return _summary(pid, targets, phases, t0, restored=False)
 
 
-def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) -> dict:
+def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True, rebuild: bool = True) -> dict:
     """Restore PID and its descendants checkpointed in place. prefill: where a
     shim has a copy helper, the helper fills the GPU beside the driver restore
-    (then control_s includes that and data_s is what is left of it)."""
+    (then control_s includes that and data_s is what is left of it). rebuild:
+    the tree's NCCL communicators made anew here (the job's agents do it for
+    every node at once instead)."""
     t0 = time.monotonic()
     phases: dict[str, float] = {}
 
@@ -328,14 +330,9 @@ def restore_tree(pid: int, run_dir: Path | None = None, prefill: bool = True) ->
     shim_restore(targets, run_dir)
     phases["data_s"] = time.monotonic() - t1
     torn = [t.pid for t in targets if t.nccl == "torn_down"]
-    if torn:
+    if torn and rebuild:
         phases.update(nccl_cut.rebuild(torn, run_dir))
     return _summary(pid, targets, phases, t0, restored=True)
-
-
-def nccl_ranks(targets) -> list[int]:
-    """The targets that hold NCCL communicators."""
-    return [t.pid for t in targets if t.nccl]
 
 
 def nccl_park(pids: list[int], run_dir: Path | None, timeout_ms: int, share=None) -> dict[str, float]:

@@ -71,7 +71,11 @@ class RankState:
                    tuple(Comm.parse(c) for c in d.get("comms") or ()), str(d.get("unrestorable") or ""))
 
 
-Share = Callable[[list["RankState"], bool], tuple[list["RankState"], bool]]
+# (this node's states, its error or "") -> (every rank's states, every error): how the
+# node agents see one another (an allgather); alone, the identity.
+Share = Callable[[list["RankState"], str], tuple[list["RankState"], list[str]]]
+# (this node's unique ids, its error or "") -> (every one's ids, every error)
+ShareIds = Callable[[dict[str, str], str], tuple[dict[str, str], list[str]]]
 
 
 def with_comms(statuses: dict[int, Reply]) -> list[int]:
@@ -117,8 +121,16 @@ def _at(states: list[RankState], targets: dict[str, int]) -> bool:
     return all(c.ops == targets[c.key] for s in states for c in s.comms)
 
 
-def alone(states: list[RankState], expired: bool) -> tuple[list[RankState], bool]:
-    return states, expired
+def alone(states: list[RankState], error: str) -> tuple[list[RankState], list[str]]:
+    return states, [error] if error else []
+
+
+def alone_ids(ids: dict[str, str], error: str) -> tuple[dict[str, str], list[str]]:
+    return ids, [error] if error else []
+
+
+LATE = ("the ranks did not reach a consistent cut of their NCCL operations in time (a rank may be waiting for "
+        "another outside NCCL); checkpoint aborted, the job runs on")
 
 
 def cut(pids: list[int], run_dir: Path | None = None, deadline_s: float = DEFAULT_DEADLINE_S,
@@ -126,17 +138,20 @@ def cut(pids: list[int], run_dir: Path | None = None, deadline_s: float = DEFAUL
     """Brings every rank in pids to a consistent cut and parks it there; returns
     the targets reached. On any failure the ranks are thawed and run on.
 
-    share(local states, local deadline passed) -> (every rank's states, any
-    deadline passed): the node agents pass an allgather, so that every agent
-    sees the same states and takes the same steps; alone it is the identity."""
+    share: see Share. The node agents pass an allgather, so that every agent
+    sees the same states, takes the same steps and fails together."""
     end = time.monotonic() + deadline_s
 
     def everyone(cmd="nccl_counts", **fields) -> list[RankState]:
-        states, expired = share(_states(pids, run_dir, cmd, **fields), time.monotonic() > end)
-        if expired:
-            raise GpucrError("the ranks did not reach a consistent cut of their NCCL operations in time (a rank may "
-                             "be waiting for another outside NCCL); checkpoint aborted, the job runs on",
-                             "retry the checkpoint")
+        try:
+            local, error = _states(pids, run_dir, cmd, **fields), ""
+        except GpucrError as e:
+            local, error = [], e.one_line()
+        if not error and time.monotonic() > end:
+            error = LATE
+        states, errors = share(local, error)
+        if errors:
+            raise GpucrError(errors[0], "retry the checkpoint" if errors[0] == LATE else "")
         return states
 
     try:
@@ -154,8 +169,14 @@ def cut(pids: list[int], run_dir: Path | None = None, deadline_s: float = DEFAUL
                 time.sleep(POLL_S)
                 states = everyone()
             if all(s.settled for s in states) and _at(states, targets):
-                parked, _ = share([RankState(pid, "parked" if r.ok else "", True, r.ok, ())
-                                   for pid, r in _ask(pids, run_dir, "nccl_park").items()], False)
+                try:
+                    mine, error = [RankState(pid, "parked" if r.ok else "", True, r.ok, ())
+                                   for pid, r in _ask(pids, run_dir, "nccl_park").items()], ""
+                except GpucrError as e:
+                    mine, error = [], e.one_line()
+                parked, errors = share(mine, error)
+                if errors:
+                    raise GpucrError(errors[0], "")
                 if all(s.settled for s in parked):
                     return targets
                 states = everyone()  # one moved on since: a new round
@@ -188,19 +209,25 @@ def torn_down(pids: list[int], run_dir: Path | None = None) -> list[int]:
 
 
 def rebuild(pids: list[int], run_dir: Path | None = None, timeout_s: float = 300.0,
-            share_ids: Callable[[dict[str, str]], dict[str, str]] = lambda ids: ids) -> dict[str, float]:
+            share_ids: ShareIds = alone_ids) -> dict[str, float]:
     """New communicators on every rank: fresh unique ids from each one's rank 0,
     handed to all (share_ids: across the node agents), then made together (each
     rank's make waits for its peers)."""
     t0 = time.monotonic()
     ids: dict[str, str] = {}
-    for pid, r in _ask(pids, run_dir, "nccl_ids").items():
-        if not r.ok:
-            raise GpucrError(f"process {pid}: {r.error or 'no NCCL unique ids'}", "")
-        for item in filter(None, str(r.raw.get("ids") or "").split(",")):
-            key, _, value = item.partition("=")
-            ids[key] = value
-    ids = share_ids(ids)
+    error = ""
+    try:
+        for pid, r in _ask(pids, run_dir, "nccl_ids").items():
+            if not r.ok:
+                raise GpucrError(f"process {pid}: {r.error or 'no NCCL unique ids'}", "")
+            for item in filter(None, str(r.raw.get("ids") or "").split(",")):
+                key, _, value = item.partition("=")
+                ids[key] = value
+    except GpucrError as e:
+        error = e.one_line()
+    ids, errors = share_ids(ids, error)
+    if errors:
+        raise GpucrError(errors[0], "the job's ranks stay parked; restore it again, or cancel it")
     listed = ",".join(f"{k}={v}" for k, v in sorted(ids.items()))
     replies = _ask(pids, run_dir, "nccl_rebuild", timeout=timeout_s, ids=listed)
     bad = [(pid, r) for pid, r in replies.items() if not r.ok]
@@ -211,14 +238,16 @@ def rebuild(pids: list[int], run_dir: Path | None = None, timeout_s: float = 300
     return {"rebuild_s": time.monotonic() - t0}
 
 
-def undo(pids: list[int], run_dir: Path | None = None) -> None:
+def undo(pids: list[int], run_dir: Path | None = None, any_torn: Callable[[bool], bool] = bool,
+         share_ids: ShareIds = alone_ids) -> None:
     """After a checkpoint given up past the cut: ranks still parked are thawed;
-    once any rank tore its communicators down, all do and all are rebuilt."""
+    once any rank tore its communicators down, all do and all are rebuilt.
+    any_torn: whether a rank anywhere did (the node agents tell one another)."""
     torn = torn_down(pids, run_dir)
-    if not torn:
+    if not any_torn(bool(torn)):
         thaw(pids, run_dir)
         return
     rest = [p for p in pids if p not in torn]
     if rest:
         teardown(rest, run_dir)
-    rebuild(pids, run_dir)
+    rebuild(pids, run_dir, share_ids=share_ids)

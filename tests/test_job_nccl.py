@@ -1,0 +1,103 @@
+"""Jobs whose ranks talk through NCCL, on the test cluster (CPU): two ranks, one
+per node, of a program built against the stand-in libnccl (tests/nccl_fake: NCCL's
+exported names, no GPU; it aborts on any use of a destroyed communicator). The
+node agents bring both ranks to one cut, tear their communicators down, and
+rebuild them after a suspend, a checkpoint, and a preemption with its requeue and
+CRIU restore. The real NCCL runs in scripts/nccl_gpu_verify.py on GPUs."""
+
+import os
+import subprocess
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.criu]
+
+if os.geteuid() != 0:
+    pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
+
+from job_helpers import assert_counted_once, gpucr, numbers, output_of, wait_for  # noqa: E402
+from shim_helpers import REPO  # noqa: E402
+
+FAKE = REPO / "tests" / "nccl_fake"
+
+
+def nccl_job(workdir, steps: int):
+    for cmd in (["cc", "-O2", "-shared", "-fPIC", "-o", str(workdir / "libnccl.so.2"), str(FAKE / "fake_nccl.c")],
+                ["cc", "-O2", "-pthread", "-o", str(workdir / "ranks"), str(FAKE / "ranks.c"), f"-L{workdir}",
+                 "-l:libnccl.so.2", f"-Wl,-rpath,{workdir}"]):
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+export FAKE_NCCL_LOG={workdir}/nccl.log
+echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
+srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {workdir}/ranks $SLURM_PROCID 2 {workdir} {steps} 20000'
+echo "after srun rc=$?"
+""")
+    return script
+
+
+def logged(workdir, what: str) -> int:
+    p = workdir / "nccl.log"
+    return sum(1 for line in p.read_text().splitlines() if line.startswith(what + " ")) if p.exists() else 0
+
+
+def start(slurm_cluster, workdir, steps):
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(nccl_job(workdir, steps), "--gpucr=on", "-N2", "--ntasks-per-node=1", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
+    wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), timeout=60, what="both ranks to step",
+             detail=lambda: output_of(out))
+    return jobid, out, ranks
+
+
+def stepping(ranks, what, out):
+    at = [len(numbers(p)) for p in ranks]
+    wait_for(lambda: all(len(numbers(p)) > a + 5 for p, a in zip(ranks, at)), timeout=60, what=what,
+             detail=lambda: output_of(out))
+
+
+def finished(slurm_cluster, jobid, out, ranks, steps, restarts="0"):
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
+    text = output_of(out)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == restarts, (text, info)
+    for p in ranks:
+        assert_counted_once(p, steps)
+    assert text.count("after srun rc=0") == 1, text
+
+
+def test_suspend_resume_and_checkpoint_of_a_two_node_nccl_job(slurm_cluster, workdir):
+    steps = 600
+    jobid, out, ranks = start(slurm_cluster, workdir, steps)
+    try:
+        for n in (1, 2):
+            gpucr(slurm_cluster, "suspend", jobid)
+            assert slurm_cluster.job(jobid)["JobState"] == "SUSPENDED"
+            assert logged(workdir, "destroy") == 4 * n  # both communicators of both ranks
+            gpucr(slurm_cluster, "resume", jobid)
+            stepping(ranks, f"stepping after resume {n}", out)
+            # made by the program: world once per rank (its child is a split); rebuilt: both per rank
+            assert logged(workdir, "init") == 2 + 4 * n and logged(workdir, "register") == 2 * (n + 1)
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        assert logged(workdir, "destroy") == 4 * 3
+        stepping(ranks, "stepping after the checkpoint", out)
+        finished(slurm_cluster, jobid, out, ranks, steps)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_a_preempted_nccl_job_is_restored_with_its_communicators_rebuilt(slurm_cluster, workdir):
+    steps = 500
+    jobid, out, ranks = start(slurm_cluster, workdir, steps)
+    try:
+        for n in (1, 2):
+            gpucr(slurm_cluster, "preempt", jobid)
+            wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(n)  # noqa: B023
+                     and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120,
+                     what=f"restore {n}", detail=lambda: (output_of(out), slurm_cluster.restore_log(jobid)))
+            stepping(ranks, f"stepping after restore {n}", out)
+        assert logged(workdir, "destroy") >= 4 * 2
+        finished(slurm_cluster, jobid, out, ranks, steps, restarts="2")
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
