@@ -51,7 +51,9 @@ def test_ddp_job_suspended_checkpointed_and_preempted_runs_as_if_never_stopped(s
     exports = " ".join(f"{k}={v}" for k, v in ENV.items())
     script.write_text(f"""#!/bin/bash
 # an address, not a name: a lookup that has no DNS to ask can stall every store connect
-export {exports} MASTER_ADDR=$(getent ahostsv4 $(hostname) | head -1 | cut -d' ' -f1) MASTER_PORT=29533
+export {exports} MASTER_PORT=29533
+export MASTER_ADDR=$({sys.executable} -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')
+[ -n "$MASTER_ADDR" ] || {{ echo "no address for $(hostname)"; exit 1; }}
 srun --ntasks=2 --ntasks-per-node=2 {sys.executable} {DDP} {STEPS} {BALLAST_GIB} {PACE}
 echo "after srun rc=$?"
 """)
