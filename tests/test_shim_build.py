@@ -2,6 +2,7 @@
 into programs that do not use CUDA changes nothing."""
 
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -34,8 +35,45 @@ def test_check_generated_without_cuda_headers_is_one_skip_line():
     r = subprocess.run(["make", "-s", "-C", str(SHIM_DIR), "CUDA_HOME=/nonexistent/cuda", "check-generated"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.splitlines() == ["check-generated: skipped: no cuda.h in /nonexistent/cuda/include"]
+    assert r.stdout.splitlines() == ["check-generated: skipped: no cuda.h in /nonexistent/cuda/include",
+                                     "check-generated: skipped: no nccl.h in /nonexistent/cuda/include"]
     assert r.stderr == ""
+
+
+NCCL_H = """
+#define NCCL_VERSION_CODE 22809
+typedef struct ncclComm* ncclComm_t;
+/* an operation: counted, parks at a cut */
+ncclResult_t  ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
+    ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t  ncclCommMemStats(ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value);
+ncclResult_t  ncclCommWindowRegister(ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags);
+ncclResult_t  ncclCommDestroy(ncclComm_t comm);
+ncclResult_t  ncclGetVersion(int *version);
+"""
+
+
+def test_nccl_hooks_are_generated_for_every_entry_point_that_takes_a_communicator(tmp_path):
+    """tools/gen_nccl_hooks.py: operations counted, windows marked, hand-written and
+    communicator-free ones left out; the output builds against the shim's headers."""
+    header = tmp_path / "nccl.h"
+    header.write_text(NCCL_H)
+    r = subprocess.run([sys.executable, str(SHIM_DIR / "tools" / "gen_nccl_hooks.py"), str(header)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    code = r.stdout
+    assert "(NCCL_VERSION_CODE 22809)" in code.splitlines()[0]
+    assert 'gpucr_nccl_enter(&c, comm, GPUCR_NCCL_OPERATION, &real, "pncclAllReduce", stream)' in code
+    assert 'GPUCR_NCCL_PLAIN, &real, "pncclCommMemStats", NULL)' in code
+    assert 'GPUCR_NCCL_UNRESTORABLE, &real, "pncclCommWindowRegister", NULL)' in code
+    assert "ncclCommDestroy" not in code and "ncclGetVersion" not in code and " pncclAllReduce(" not in code
+    src = tmp_path / "hooks.c"
+    src.write_text(code)
+    r = subprocess.run(["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", f"-I{SHIM_DIR}", str(src)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
 
 
 def test_missing_cuda_headers_fail_with_one_line():

@@ -9,6 +9,8 @@ from contextlib import contextmanager, nullcontext
 from rich.console import Console
 from rich.table import Table
 
+from gpucr_hpc.units import size as units_size
+
 # Piped output is read by scripts and people's `grep`: a line is never cut.
 PIPED_WIDTH = 10_000
 
@@ -38,7 +40,34 @@ def working(what: str):
 def _spinner(what: str):
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
-        progress.add_task(what, total=None)
-        yield
+    from gpucr_hpc.job import progress as job_progress
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.fields[moved]}"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        bar.add_task(what, total=None, moved="")
+        nodes = NodeProgress(bar)
+        with job_progress.listening(nodes.heard):
+            yield
+
+
+class NodeProgress:
+    """One line per node of a job command: its units' phases and the bytes moved
+    so far, as the node agents tell them (job/progress.py)."""
+
+    def __init__(self, bar):
+        self.bar = bar
+        self.tasks: dict[str, object] = {}
+        self.units: dict[str, dict[str, tuple[str, int]]] = {}
+
+    def heard(self, event: dict) -> None:
+        node, unit = str(event.get("node", "?")), str(event.get("unit", "?"))
+        units = self.units.setdefault(node, {})
+        units[unit] = (str(event.get("phase", "")), int(event.get("bytes") or 0))
+        phases = sorted({p for p, _ in units.values() if p != "done"}) or ["done"]
+        done = sum(1 for p, _ in units.values() if p == "done")
+        text = f"  {node}: {', '.join(phases)} ({done}/{len(units)} units)"
+        moved = units_size(sum(n for _, n in units.values()))
+        if node not in self.tasks:
+            self.tasks[node] = self.bar.add_task(text, total=None, moved=moved)
+        else:
+            self.bar.update(self.tasks[node], description=text, moved=moved)

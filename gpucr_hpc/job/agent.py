@@ -37,7 +37,7 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
-from gpucr_hpc.job import connections, generations, nccl_ranks
+from gpucr_hpc.job import connections, generations, nccl_ranks, progress
 from gpucr_hpc.job.connections import Socket
 from gpucr_hpc.job.units import Unit, local_units, mpi_process
 from gpucr_hpc.process import image as process_image
@@ -77,7 +77,9 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded:
     "ends", "peers": what a restore elsewhere needs to move them)."""
     nccl = len(nccl_ranks.ranks_in([unit.pid], None))  # a restore rebuilds their communicators
     rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, stay_yielded=stay_yielded,
-                                      tcp_lock=(tcp or {}).get("lock"))
+                                      tcp_lock=(tcp or {}).get("lock"),
+                                      on_phase=lambda phase, n: progress.emit(unit.node, unit.name, phase, n))
+    progress.emit(unit.node, unit.name, "done", rep["bytes"])
     saved, script = {}, None
     if unit.name == "batch":
         m = mf.load(gen_dir / unit.name)
@@ -362,10 +364,12 @@ def _in_place(comm, job: dict, action: str) -> dict:
                     "seconds": time.monotonic() - t0}
     for u in units:
         try:
+            progress.emit(node, u.name, action, 0)
             if action == "checkpoint":
                 rep = in_place.checkpoint_tree(u.pid, run_dir=run_dir)
             else:
                 rep = in_place.restore_tree(u.pid, run_dir=run_dir, rebuild=False)
+            progress.emit(node, u.name, "done", rep["bytes"])
             done.append({"unit": u.name, "bytes": rep["bytes"], "processes": len(rep["processes"]),
                          "gpu_processes": sum(1 for p in rep["processes"] if p["cuda"]),
                          "phases": rep["phases"]})

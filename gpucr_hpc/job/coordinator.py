@@ -11,13 +11,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.gpu import steer as gpu_steer
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import events, generations
+from gpucr_hpc.job import events, generations, progress
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, require_plugin
@@ -46,7 +47,7 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
     argv = as_job_user(job, argv)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_SPANK_")}
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=AGENT_TIMEOUT_S, env=env)
+        stdout, stderr, rc = _run_streaming(argv, env)
     except subprocess.TimeoutExpired as e:
         raise GpucrError(f"the node agents of job {job.id} did not finish in {AGENT_TIMEOUT_S} s",
                          "see the slurmd logs of the job's nodes; the job was left running") from e
@@ -54,16 +55,40 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
         raise GpucrError(f"{argv[0]} not found, which starts the node agents of job {job.id}",
                          "install the Slurm client commands (and util-linux's runuser, with which root "
                          "starts them as the job's user), or fix PATH") from e
-    lines = []
-    for line in out.stdout.splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            continue
-    result = next((line["result"] for line in lines if "result" in line), None)
-    reports = [line["node_report"] for line in lines if "node_report" in line]
-    why = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"srun exit {out.returncode}"
+    result = next((line["result"] for line in stdout if "result" in line), None)
+    reports = [line["node_report"] for line in stdout if "node_report" in line]
+    why = stderr.strip().splitlines()[-1] if stderr.strip() else f"srun exit {rc}"
     return result, reports, why
+
+
+def _run_streaming(argv: list[str], env: dict) -> tuple[list[dict], str, int]:
+    """The agents' step: their JSON lines as they come (progress lines go to the
+    listeners at once), their stderr, and srun's exit status."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr else ""), daemon=True)
+    reader.start()
+    timer = threading.Timer(AGENT_TIMEOUT_S, proc.kill)
+    timer.start()
+    lines = []
+    try:
+        for text in proc.stdout or ():
+            try:
+                line = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(line, dict) and progress.KEY in line:
+                progress.heard(line[progress.KEY])
+            elif isinstance(line, dict):
+                lines.append(line)
+        rc = proc.wait()
+    finally:
+        expired = not timer.is_alive()
+        timer.cancel()
+    reader.join()
+    if expired and rc != 0:
+        raise subprocess.TimeoutExpired(argv, AGENT_TIMEOUT_S)
+    return lines, "".join(err), rc
 
 
 def as_job_user(job: slurm.Job, argv: list[str]) -> list[str]:

@@ -45,6 +45,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -136,7 +137,8 @@ def _stage_root(need: int) -> Path | None:
 
 def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
                   stay_yielded: bool = False, timeout_ms: int | None = None,
-                  run_dir: Path | None = None, tcp_lock: str | None = None) -> dict:
+                  run_dir: Path | None = None, tcp_lock: str | None = None,
+                  on_phase: Callable[[str, int], None] | None = None) -> dict:
     """Image of the tree of `pid` in to_dir. leave_running: the tree runs on, its GPU
     state brought back; with stay_yielded it runs on without it (its VRAM stays yielded,
     its GPU calls wait) until it is ended, or `image_gpu.resume_held` brings it back:
@@ -145,8 +147,10 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
     in_place.DEFAULT_TIMEOUT_MS); run_dir: where the shims' control sockets are
     (default shim_client.default_run_dir()). tcp_lock: dump established TCP
     connections, the network locked by CRIU ("nftables") or by the caller ("skip":
-    a job's agents lock every connection of its units, criu/netlock)."""
+    a job's agents lock every connection of its units, criu/netlock). on_phase(phase,
+    bytes so far): told as each phase begins ("gpu", "dump", "write", "commit")."""
     t0 = time.monotonic()
+    said = on_phase or (lambda phase, nbytes: None)
     timings: dict[str, float] = {}
     criu = criu_mod.find_criu()
     if not criu_mod.is_alive(pid):
@@ -176,6 +180,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         if shimmed:
             from gpucr_hpc.process import image_gpu
 
+            said("gpu", 0)
             t = time.monotonic()
             node = node_gpus() or {}
             m["vendor"] = node.get("vendor") or "nvidia"
@@ -191,6 +196,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         dump_dir = stage if stage else to_dir / image_store.CRIU_SUBDIR
         dump_dir.mkdir(exist_ok=True, mode=0o700)
         work = Path(tempfile.mkdtemp(prefix="gpucr-dump-"))
+        said("dump", gpu.bytes if gpu else 0)
         t = time.monotonic()
         criu_mod.wait_reaped(pid)
         files_open = criu.dump(pid, dump_dir, work, leave_running=leave_running, shell_job=shell_job,
@@ -203,6 +209,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         timings["released_s"] = time.monotonic() - t0
         shutil.rmtree(work, ignore_errors=True)
         # 4. Drain: persist GPU buffers and CRIU files with checksums.
+        said("write", gpu.bytes if gpu else 0)
         t = time.monotonic()
         if gpu is not None and leave_running and not stay_yielded:
             timings["gpu_resume_s"] = gpu.resume()["resume_s"]  # the original runs on, on its GPU
@@ -217,6 +224,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
                 criu_bytes += writer.add_written(f"{image_store.CRIU_SUBDIR}/{p.name}")
         timings["persist_s"] = time.monotonic() - t
         # 5. Commit.
+        said("commit", (gpu.bytes if gpu else 0) + criu_bytes)
         t = time.monotonic()
         m["process"] = {
             **m.get("process", {}),
