@@ -36,11 +36,12 @@ def ranks_program(tmp_path_factory) -> Path:
 class Job:
     """Two ranks under the shim, started by one shell (the tree a checkpoint takes)."""
 
-    def __init__(self, program: Path, work: Path, steps: int, delays=(1500, 2500), started=10):
+    def __init__(self, program: Path, work: Path, steps: int, delays=(1500, 2500), started=10, extra=""):
         self.work, self.run_dir, self.steps = work, work / "run", steps
         self.run_dir.mkdir(parents=True)
         env = dict(os.environ, LD_PRELOAD=str(SHIM), GPUCR_RUN_DIR=str(self.run_dir), FAKE_NCCL_LOG=str(work / "log"))
-        script = " & ".join(f"{program} {r} 2 {work} {steps} {d} > {work}/out-{r} 2>&1" for r, d in enumerate(delays))
+        script = " & ".join(f"{program} {r} 2 {work} {steps} {d} {extra} > {work}/out-{r} 2>&1"
+                            for r, d in enumerate(delays))
         self.shell = subprocess.Popen(["bash", "-c", script + " & wait"], env=env, start_new_session=True)
         self.wait(lambda: all(self.done(r) >= started for r in (0, 1)), "both ranks to step")
 
@@ -132,6 +133,17 @@ def test_a_cut_that_does_not_settle_is_given_up_and_the_ranks_run_on(ranks_progr
         with pytest.raises(GpucrError, match="did not reach a consistent cut"):
             nccl_cut.cut(pids, job.run_dir, deadline_s=0.3)
         assert [s.cut for s in nccl_cut._states(pids, job.run_dir)] == ["none", "none"]
+        job.finish()
+    finally:
+        job.kill()
+
+
+def test_a_communicator_the_shim_cannot_rebuild_is_refused_and_the_job_runs_on(ranks_program, tmp_path):
+    job = Job(ranks_program, tmp_path, steps=300, extra="window")
+    try:
+        with pytest.raises(GpucrError, match="cannot be rebuilt: ncclCommWindowRegister"):
+            in_place.checkpoint_tree(job.shell.pid, run_dir=job.run_dir)
+        assert [s.cut for s in nccl_cut._states(job.ranks(), job.run_dir)] == ["none", "none"]
         job.finish()
     finally:
         job.kill()

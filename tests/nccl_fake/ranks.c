@@ -1,5 +1,5 @@
 /* One rank of a job whose ranks talk through NCCL (the fake one in CPU tests):
- *   ranks RANK NRANKS DIR STEPS DELAY_US
+ *   ranks RANK NRANKS DIR STEPS DELAY_US [window]
  * Rank 0 writes the unique id to DIR/id; every rank makes the world
  * communicator, splits a child off it, registers a buffer, and then each step
  * all-reduces on the world (twice in a group every 4th step) and on the child
@@ -26,6 +26,7 @@ ncclResult_t ncclCommDeregister(ncclComm_t comm, void *handle);
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
+ncclResult_t ncclCommWindowRegister(ncclComm_t comm, void *buff, size_t size, void **win, int flags);
 
 static ncclComm_t world;
 static volatile int done;
@@ -54,7 +55,7 @@ static void *watchdog(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc != 6)
+    if (argc != 6 && argc != 7)
         return 2;
     int rank = atoi(argv[1]), nranks = atoi(argv[2]), steps = atoi(argv[4]), delay = atoi(argv[5]);
     char path[4096];
@@ -82,6 +83,9 @@ int main(int argc, char **argv)
     CHECK(ncclCommInitRank(&world, nranks, id, rank));
     CHECK(ncclCommSplit(world, 0, rank, &child, NULL));
     CHECK(ncclCommRegister(world, buf, sizeof buf, &handle));
+    void *win;
+    if (argc == 7) /* a symmetric window: a communicator the shim cannot rebuild */
+        CHECK(ncclCommWindowRegister(world, buf, sizeof buf, &win, 0));
     pthread_t t;
     pthread_create(&t, NULL, watchdog, NULL);
     snprintf(path, sizeof path, "%s/rank-%d.txt", argv[3], rank);
