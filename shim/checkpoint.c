@@ -195,14 +195,7 @@ static int sync_contexts(long timeout_ms, CUresult *rc)
         return -1;
     }
     pthread_detach(t);
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = gpucr_deadline_in(timeout_ms);
     pthread_mutex_lock(&job.mu);
     while (!job.done)
         if (pthread_cond_timedwait(&job.cv, &job.mu, &dl) == ETIMEDOUT)

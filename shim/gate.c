@@ -51,16 +51,7 @@ void gpucr_gate_exit(void)
 
 int gpucr_gate_close(long timeout_ms)
 {
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    if (timeout_ms < 0)
-        timeout_ms = 0;
-    deadline.tv_sec += timeout_ms / 1000;
-    deadline.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    struct timespec deadline = gpucr_deadline_in(timeout_ms < 0 ? 0 : timeout_ms);
     pthread_mutex_lock(&mu);
     atomic_store(&closed, 1);
     while (atomic_load(&inflight) > 0) {

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "json.h" /* the JSON reader and writer (jb_*) */
 
@@ -16,6 +17,8 @@
 /* ---- log.c ---------------------------------------------------------- */
 void gpucr_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 double gpucr_now(void); /* monotonic seconds */
+/* The CLOCK_REALTIME time ms from now, for pthread_cond_timedwait. */
+struct timespec gpucr_deadline_in(long ms);
 
 /* ---- stream_copy.c: memcpy with non-temporal stores ------------------ */
 void gpucr_stream_copy(void *dst, const void *src, size_t n);

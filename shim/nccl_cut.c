@@ -278,14 +278,7 @@ static void thaw(struct jbuf *out)
 
 static int wait_idle(long timeout_ms)
 {
-    struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    struct timespec dl = gpucr_deadline_in(timeout_ms);
     while (gpucr_nccl_inflight > 0)
         if (pthread_cond_timedwait(&gpucr_nccl_cv, &gpucr_nccl_mu, &dl) != 0 && gpucr_nccl_inflight > 0)
             return -1;
