@@ -130,6 +130,9 @@ static int refusal(char *why, size_t len)
     else if (s.imported || opened)
         snprintf(why, len, "checkpoint refused: the process maps GPU memory of another process (CUDA IPC), which the "
                  "driver cannot checkpoint; it keeps running");
+    else if (__atomic_load_n(&gpucr_multicast, __ATOMIC_RELAXED))
+        snprintf(why, len, "checkpoint refused: the process uses NVLink multicast (NVLS), which cannot be made again "
+                 "at a restore; it keeps running (NCCL_NVLS_ENABLE=0 keeps NCCL from using it)");
     else if (mps)
         snprintf(why, len, "checkpoint refused: the process is an MPS client, which the driver cannot checkpoint; it keeps "
                  "running (run it without MPS to make it checkpointable)");
@@ -365,6 +368,7 @@ void gpucr_cmd_status(struct jbuf *out)
     jb_u64(out, "async_bytes", async_bytes);
     jb_u64(out, "managed_allocations", nmanaged);
     jb_u64(out, "ipc_in_use", ipc);
+    jb_u64(out, "multicast_objects", __atomic_load_n(&gpucr_multicast, __ATOMIC_RELAXED));
     jb_u64(out, "arena_bytes", gpucr_arena_capacity());
     jb_u64(out, "arena_used", gpucr_arena_used());
     jb_i64(out, "arena_segments", gpucr_arena_segments());

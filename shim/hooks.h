@@ -35,7 +35,7 @@ typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuu
     ENTRY(cuMemPoolImportFromShareableHandle) ENTRY(cuMemPoolExportPointer)                          \
     ENTRY(cuMemPoolImportPointer) ENTRY(cuGetProcAddress_v2) ENTRY(cuEventCreate)                    \
     ENTRY(cuEventRecord) ENTRY(cuEventSynchronize) ENTRY(cuMemHostAlloc) ENTRY(cuDeviceGetCount)     \
-    ENTRY(cuDeviceGet) ENTRY(cuDeviceGetUuid_v2)
+    ENTRY(cuDeviceGet) ENTRY(cuDeviceGetUuid_v2) ENTRY(cuMulticastCreate)
 
 struct gpucr_driver {
 #define GPUCR_FIELD(fn) __typeof__(&fn) fn;
@@ -57,6 +57,7 @@ void *gpucr_real_dlsym(void *handle, const char *name);
 extern unsigned long gpucr_stat_getproc_hooked, gpucr_stat_dlsym_hooked;
 extern int gpucr_vmm_backing; /* plain allocations are backed by VMM */
 extern unsigned long gpucr_ipc_sticky; /* pools exported/imported: never forgets */
+extern unsigned long gpucr_multicast; /* multicast objects made (NVLS): never rebuilt, refused */
 
 /* Pass-through of a work-submission call inside the API gate. */
 #define GPUCR_GATED_CALL(name, args)                                     \

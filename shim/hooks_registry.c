@@ -489,6 +489,8 @@ static void *real_cuMemExportToShareableHandle;
 GPUCR_EXPORT CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, CUmemAllocationHandleType handleType, unsigned long long flags);
 static void *real_cuMemImportFromShareableHandle;
 GPUCR_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, CUmemAllocationHandleType shHandleType);
+static void *real_cuMulticastCreate;
+GPUCR_EXPORT CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop);
 /* hooks_async.c */
 static void *real_cuMemAllocAsync;
 GPUCR_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
@@ -651,6 +653,7 @@ const struct gpucr_hook gpucr_hooks[] = {
     {"cuMemGetAllocationPropertiesFromHandle", (void *)cuMemGetAllocationPropertiesFromHandle, &real_cuMemGetAllocationPropertiesFromHandle},
     {"cuMemExportToShareableHandle", (void *)cuMemExportToShareableHandle, &real_cuMemExportToShareableHandle},
     {"cuMemImportFromShareableHandle", (void *)cuMemImportFromShareableHandle, &real_cuMemImportFromShareableHandle},
+    {"cuMulticastCreate", (void *)cuMulticastCreate, &real_cuMulticastCreate},
     /* hooks_async.c */
     {"cuMemAllocAsync", (void *)cuMemAllocAsync, &real_cuMemAllocAsync},
     {"cuMemAllocAsync_ptsz", (void *)cuMemAllocAsync_ptsz, &real_cuMemAllocAsync_ptsz},

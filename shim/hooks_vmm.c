@@ -232,3 +232,15 @@ GPUCR_EXPORT CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocat
     gpucr_gate_exit();
     return r;
 }
+
+/* NVLink multicast (NCCL's NVLS): its objects span processes and cannot be made
+ * again at a restore; a process that made one is refused (checkpoint.c). Only
+ * counted here: the call itself goes to the driver unchanged. */
+unsigned long gpucr_multicast;
+
+GPUCR_EXPORT CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle, const CUmulticastObjectProp *prop)
+{
+    __atomic_fetch_add(&gpucr_multicast, 1, __ATOMIC_RELAXED);
+    GPUCR_LOAD_OR_FAIL();
+    return gpucr_drv.cuMulticastCreate(mcHandle, prop);
+}

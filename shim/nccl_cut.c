@@ -134,6 +134,11 @@ static const char *unrestorable(char *why, size_t len)
                  gpucr_nccl_foreign);
         return why;
     }
+    if (__atomic_load_n(&gpucr_multicast, __ATOMIC_RELAXED)) {
+        snprintf(why, len, "the process uses NVLink multicast (NVLS), which cannot be made again at a restore "
+                           "(NCCL_NVLS_ENABLE=0 keeps NCCL from using it)");
+        return why;
+    }
     for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next)
         if (live(vc) && vc->unrestorable) {
             snprintf(why, len, "an NCCL communicator of the process cannot be rebuilt: %s", vc->unrestorable);

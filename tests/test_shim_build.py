@@ -110,6 +110,21 @@ def test_harmless_in_cpu_programs(tmp_path):
     assert shimmed.stderr == ""
 
 
+def test_a_multicast_object_is_counted_so_that_a_checkpoint_refuses_it(tmp_path):
+    """NVLink multicast (NCCL's NVLS) cannot be made again at a restore: the shim
+    counts cuMulticastCreate calls (passed on to the driver unchanged; here there is
+    none) and reports them, and a checkpoint or a cut then refuses the process."""
+    run = tmp_path / "run"
+    code = ("import ctypes, json, os, socket; lib = ctypes.CDLL(None); "
+            "print(lib.cuMulticastCreate(None, None)); "
+            "s = socket.socket(socket.AF_UNIX); s.connect(os.path.join(os.environ['GPUCR_RUN_DIR'], "
+            "f'{os.getpid()}.sock')); s.sendall(b'{\"cmd\": \"status\"}\\n'); "
+            "print(json.loads(s.makefile().readline())['multicast_objects'])")
+    r = subprocess.run(["python3", "-c", code], capture_output=True, text=True, env=shim_env(run), timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["3", "1"]  # CUDA_ERROR_NOT_INITIALIZED: no driver here; counted all the same
+
+
 def test_dlsym_rtld_next_of_other_libraries_still_right(tmp_path):
     """A second preloaded library that wraps getpid with dlsym(RTLD_NEXT) must get
     libc's getpid, not its own (which would recurse forever)."""
