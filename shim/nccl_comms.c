@@ -9,8 +9,6 @@
  * match them: a hash of the unique id it was made from, or for a split, its
  * parent's key, the split's number on the parent and the colour. */
 #define _GNU_SOURCE
-#include <dlfcn.h>
-#include <link.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,47 +22,9 @@ __thread int gpucr_nccl_inner;
 static struct gpucr_vcomm *first, *last;
 static struct gpucr_vreg *regs;
 static int nseq;
-static void *libnccl;
 
 struct gpucr_vcomm *gpucr_vcomm_first(void) { return first; }
 struct gpucr_vreg *gpucr_vreg_first(void) { return regs; }
-
-/* ---- the real NCCL ------------------------------------------------------ */
-
-static int find_libnccl(struct dl_phdr_info *info, size_t size, void *arg)
-{
-    (void)size;
-    if (info->dlpi_name && strstr(info->dlpi_name, "libnccl.so")) {
-        *(const char **)arg = info->dlpi_name;
-        return 1;
-    }
-    return 0;
-}
-
-/* pnccl* are NCCL's own names for its entry points: never one of our hooks.
- * The library may be in the global scope or only in a dlopen'ed group. */
-void *gpucr_nccl_real(void **cache, const char *pname)
-{
-    void *p = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-    if (p)
-        return p;
-    p = gpucr_real_dlsym(RTLD_DEFAULT, pname);
-    if (!p) {
-        if (!__atomic_load_n(&libnccl, __ATOMIC_ACQUIRE)) {
-            const char *name = NULL;
-            dl_iterate_phdr(find_libnccl, &name);
-            void *h = name ? dlopen(name, RTLD_LAZY | RTLD_NOLOAD) : NULL;
-            if (h)
-                __atomic_store_n(&libnccl, h, __ATOMIC_RELEASE);
-        }
-        if (libnccl)
-            p = gpucr_real_dlsym(libnccl, pname);
-    }
-    if (!p)
-        gpucr_log("nccl: %s not found in this process", pname);
-    __atomic_store_n(cache, p, __ATOMIC_RELEASE);
-    return p;
-}
 
 #define REAL(pname, type) ((type)gpucr_nccl_real(&real_##pname, #pname))
 #define NCCL_MISSING 3 /* ncclInternalError: the real entry point is not there */
@@ -113,12 +73,12 @@ static int stream_capturing(cudaStream_t stream)
 ncclResult_t gpucr_nccl_enter(struct gpucr_nccl_call *c, ncclComm_t comm, enum gpucr_nccl_kind kind, void **cache,
                               const char *pname, cudaStream_t stream)
 {
-    if (!gpucr_nccl_real(cache, pname))
-        return NCCL_MISSING;
     struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
     c->vc = NULL;
     c->real = vc ? vc->real : comm;
     if (gpucr_nccl_inner) {
+        if (!gpucr_nccl_real(cache, pname))
+            return NCCL_MISSING;
         gpucr_nccl_inner++;
         return GPUCR_NCCL_SUCCESS;
     }
@@ -145,6 +105,11 @@ ncclResult_t gpucr_nccl_enter(struct gpucr_nccl_call *c, ncclComm_t comm, enum g
         if (kind == GPUCR_NCCL_UNRESTORABLE)
             vc->unrestorable = pname + 1; /* the entry point's name */
         c->real = vc->real;
+    }
+    /* looked up only now: a reload while this call waited replaced the library */
+    if (!gpucr_nccl_real(cache, pname)) {
+        pthread_mutex_unlock(&gpucr_nccl_mu);
+        return NCCL_MISSING;
     }
     gpucr_nccl_inflight++;
     gpucr_nccl_inner++;
@@ -211,18 +176,37 @@ static void *real_pncclCommInitRank, *real_pncclCommInitRankConfig, *real_pncclC
     *real_pncclCommGetAsyncError, *real_pncclCommCount, *real_pncclCommCuDevice, *real_pncclCommUserRank,
     *real_pncclCommRegister, *real_pncclCommDeregister, *real_pncclGroupStart, *real_pncclGroupEnd;
 
+/* Around a call that makes a communicator: it waits while the communicators are
+ * parked or torn down (then counts as in flight); 1 when it is the outermost. */
+static int begin_call(void)
+{
+    if (gpucr_nccl_inner++)
+        return 0;
+    pthread_mutex_lock(&gpucr_nccl_mu);
+    while (gpucr_nccl_parked())
+        pthread_cond_wait(&gpucr_nccl_cv, &gpucr_nccl_mu);
+    gpucr_nccl_inflight++;
+    pthread_mutex_unlock(&gpucr_nccl_mu);
+    return 1;
+}
+
+static void end_call(void)
+{
+    struct gpucr_nccl_call c = {NULL, NULL};
+    gpucr_nccl_exit(&c);
+}
+
 typedef ncclResult_t (*init_rank_fn)(ncclComm_t *, int, ncclUniqueId, int);
 typedef ncclResult_t (*init_config_fn)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
 
 GPUCR_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank)
 {
+    int outer = begin_call();
     init_rank_fn f = REAL(pncclCommInitRank, init_rank_fn);
-    if (!f)
-        return NCCL_MISSING;
     ncclComm_t real = NULL;
-    gpucr_nccl_inner++;
-    ncclResult_t r = f(&real, nranks, id, rank);
-    if (--gpucr_nccl_inner == 0 && made(r))
+    ncclResult_t r = f ? f(&real, nranks, id, rank) : NCCL_MISSING;
+    end_call();
+    if (outer && made(r))
         hand_out(comm, real, key_of_id(&id), nranks, rank, NULL);
     return r;
 }
@@ -230,13 +214,12 @@ GPUCR_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUni
 GPUCR_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
                                                  ncclConfig_t *config)
 {
+    int outer = begin_call();
     init_config_fn f = REAL(pncclCommInitRankConfig, init_config_fn);
-    if (!f)
-        return NCCL_MISSING;
     ncclComm_t real = NULL;
-    gpucr_nccl_inner++;
-    ncclResult_t r = f(&real, nranks, id, rank, config);
-    if (--gpucr_nccl_inner == 0 && made(r))
+    ncclResult_t r = f ? f(&real, nranks, id, rank, config) : NCCL_MISSING;
+    end_call();
+    if (outer && made(r))
         hand_out(comm, real, key_of_id(&id), nranks, rank, config);
     return r;
 }
@@ -245,13 +228,12 @@ GPUCR_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks,
                                                    ncclConfig_t *config)
 {
     typedef ncclResult_t (*fn)(ncclComm_t *, int, int, int, ncclUniqueId *, ncclConfig_t *);
+    int outer = begin_call();
     fn f = REAL(pncclCommInitRankScalable, fn);
-    if (!f)
-        return NCCL_MISSING;
     ncclComm_t real = NULL;
-    gpucr_nccl_inner++;
-    ncclResult_t r = f(&real, nranks, rank, nid, ids, config);
-    if (--gpucr_nccl_inner == 0 && made(r) && nid > 0)
+    ncclResult_t r = f ? f(&real, nranks, rank, nid, ids, config) : NCCL_MISSING;
+    end_call();
+    if (outer && made(r) && nid > 0)
         hand_out(comm, real, key_of_id(&ids[0]), nranks, rank, config);
     else if (made(r))
         *comm = real;
@@ -262,12 +244,11 @@ GPUCR_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks,
 GPUCR_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist)
 {
     typedef ncclResult_t (*fn)(ncclComm_t *, int, const int *);
+    int outer = begin_call();
     fn f = REAL(pncclCommInitAll, fn);
-    if (!f)
-        return NCCL_MISSING;
-    gpucr_nccl_inner++;
-    ncclResult_t r = f(comms, ndev, devlist);
-    if (--gpucr_nccl_inner > 0 || !made(r))
+    ncclResult_t r = f ? f(comms, ndev, devlist) : NCCL_MISSING;
+    end_call();
+    if (!outer || !made(r))
         return r;
     for (int i = 0; i < ndev; i++) {
         struct gpucr_vcomm *vc = adopt(comms[i], key_of_child((uint64_t)nseq, (uint64_t)i, 0), ndev, i, NULL);
@@ -335,21 +316,19 @@ GPUCR_EXPORT ncclResult_t ncclCommGrow(ncclComm_t comm, int nranks, const ncclUn
     typedef ncclResult_t (*fn)(ncclComm_t, int, const ncclUniqueId *, int, ncclComm_t *, ncclConfig_t *);
     struct gpucr_nccl_call c = {NULL, NULL};
     ncclResult_t r;
+    int outer;
     if (comm) {
         r = gpucr_nccl_enter(&c, comm, GPUCR_NCCL_PLAIN, &real_pncclCommGrow, "pncclCommGrow", NULL);
         if (r != GPUCR_NCCL_SUCCESS)
             return r;
-    } else if (!REAL(pncclCommGrow, fn)) {
-        return NCCL_MISSING;
+        outer = gpucr_nccl_inner == 1;
+    } else {
+        outer = begin_call(); /* a rank that joins */
     }
+    fn f = REAL(pncclCommGrow, fn);
     ncclComm_t real = NULL;
-    int outer = gpucr_nccl_inner == (comm ? 1 : 0);
-    gpucr_nccl_inner += !comm;
-    r = ((fn)real_pncclCommGrow)(c.real, nranks, id, rank, &real, config);
-    if (comm)
-        gpucr_nccl_exit(&c);
-    else
-        gpucr_nccl_inner--;
+    r = f ? f(c.real, nranks, id, rank, &real, config) : NCCL_MISSING;
+    gpucr_nccl_exit(&c);
     if (outer && made(r) && real && id)
         hand_out(newcomm, real, key_of_id(id), nranks, rank, config);
     else if (made(r))
@@ -382,7 +361,8 @@ static ncclResult_t end(ncclComm_t comm, void **cache, const char *pname, int fr
     pthread_mutex_unlock(&gpucr_nccl_mu);
     if (!real)
         return GPUCR_NCCL_SUCCESS;
-    ncclResult_t r = ((comm_fn)*cache)(real);
+    comm_fn f = (comm_fn)gpucr_nccl_real(cache, pname); /* after the wait: a reload may have come */
+    ncclResult_t r = f ? f(real) : NCCL_MISSING;
     struct gpucr_nccl_call c = {vc, real};
     gpucr_nccl_exit(&c);
     return r;
@@ -430,18 +410,18 @@ static void asked(struct gpucr_vcomm *vc, ncclComm_t real)
 GPUCR_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
 {
     typedef ncclResult_t (*fn)(ncclComm_t, ncclResult_t *);
-    fn f = REAL(pncclCommGetAsyncError, fn);
     struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
-    if (!f)
-        return NCCL_MISSING;
-    if (!vc)
-        return f(comm, err);
+    if (!vc) {
+        fn f = REAL(pncclCommGetAsyncError, fn);
+        return f ? f(comm, err) : NCCL_MISSING;
+    }
     ncclComm_t real = askable(vc);
     if (!real) {
         *err = GPUCR_NCCL_SUCCESS;
         return GPUCR_NCCL_SUCCESS;
     }
-    ncclResult_t r = f(real, err);
+    fn f = REAL(pncclCommGetAsyncError, fn); /* looked up once it may be called: see nccl_lib.c */
+    ncclResult_t r = f ? f(real, err) : NCCL_MISSING;
     asked(vc, real);
     return r;
 }
@@ -449,16 +429,16 @@ GPUCR_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *e
 GPUCR_EXPORT const char *ncclGetLastError(ncclComm_t comm)
 {
     typedef const char *(*fn)(ncclComm_t);
-    fn f = REAL(pncclGetLastError, fn);
     struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
-    if (!f)
-        return "";
-    if (!vc)
-        return f(comm);
+    if (!vc) {
+        fn f = REAL(pncclGetLastError, fn);
+        return f ? f(comm) : "";
+    }
     ncclComm_t real = askable(vc);
     if (!real)
         return "";
-    const char *s = f(real);
+    fn f = REAL(pncclGetLastError, fn);
+    const char *s = f ? f(real) : "";
     asked(vc, real);
     return s;
 }
@@ -467,12 +447,11 @@ typedef ncclResult_t (*int_fn)(ncclComm_t, int *);
 
 static ncclResult_t describe(ncclComm_t comm, int *out, void **cache, const char *pname, int which)
 {
-    int_fn f = (int_fn)gpucr_nccl_real(cache, pname);
     struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
-    if (!f)
-        return NCCL_MISSING;
-    if (!vc)
-        return f(comm, out);
+    if (!vc) {
+        int_fn f = (int_fn)gpucr_nccl_real(cache, pname);
+        return f ? f(comm, out) : NCCL_MISSING;
+    }
     ncclComm_t real = askable(vc);
     if (!real) {
         if (which == 2) { /* the device: the context it was made in */
@@ -490,7 +469,8 @@ static ncclResult_t describe(ncclComm_t comm, int *out, void **cache, const char
         }
         return GPUCR_NCCL_SUCCESS;
     }
-    ncclResult_t r = f(real, out);
+    int_fn f = (int_fn)gpucr_nccl_real(cache, pname);
+    ncclResult_t r = f ? f(real, out) : NCCL_MISSING;
     asked(vc, real);
     return r;
 }
@@ -557,16 +537,29 @@ GPUCR_EXPORT ncclResult_t ncclCommDeregister(const ncclComm_t comm, void *handle
     return r;
 }
 
+/* ---- unique ids: from the copy of NCCL the hooks use (nccl_lib.c) ------- */
+
+static void *real_pncclGetUniqueId;
+
+GPUCR_EXPORT ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+    typedef ncclResult_t (*fn)(ncclUniqueId *);
+    begin_call(); /* after a cut, from the copy of NCCL the rebuilt communicators use */
+    fn f = REAL(pncclGetUniqueId, fn);
+    ncclResult_t r = f ? f(id) : NCCL_MISSING;
+    end_call();
+    return r;
+}
+
 /* ---- groups: the start of a group is where a cut may park it ------------ */
 
 GPUCR_EXPORT ncclResult_t ncclGroupStart(void)
 {
     typedef ncclResult_t (*fn)(void);
-    fn f = REAL(pncclGroupStart, fn);
-    if (!f)
-        return NCCL_MISSING;
-    if (gpucr_nccl_inner)
-        return f();
+    if (gpucr_nccl_inner) {
+        fn f = REAL(pncclGroupStart, fn);
+        return f ? f() : NCCL_MISSING;
+    }
     pthread_mutex_lock(&gpucr_nccl_mu);
     if (gpucr_nccl_group_depth == 0) {
         while (gpucr_nccl_must_park())
@@ -575,8 +568,9 @@ GPUCR_EXPORT ncclResult_t ncclGroupStart(void)
     }
     gpucr_nccl_group_depth++;
     pthread_mutex_unlock(&gpucr_nccl_mu);
+    fn f = REAL(pncclGroupStart, fn); /* after the wait: a reload may have come */
     gpucr_nccl_inner++;
-    ncclResult_t r = f();
+    ncclResult_t r = f ? f() : NCCL_MISSING;
     gpucr_nccl_inner--;
     if (r != GPUCR_NCCL_SUCCESS) {
         pthread_mutex_lock(&gpucr_nccl_mu);

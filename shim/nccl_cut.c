@@ -353,6 +353,21 @@ static void teardown(long timeout_ms, struct jbuf *out)
     jb_end(out);
 }
 
+/* After a restore on another node: NCCL's host state made anew (nccl_lib.c). */
+static void reload(struct jbuf *out)
+{
+    char why[512];
+    if (!gpucr_nccl_torn_down())
+        return reply_error(out, "not_torn_down", "nccl_reload: the communicators are not torn down");
+    double t0 = gpucr_now();
+    if (gpucr_nccl_reload(why, sizeof why) != 0)
+        return reply_error(out, "failed", why);
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_f64(out, "reload_s", gpucr_now() - t0);
+    jb_end(out);
+}
+
 static void hex(const unsigned char *p, size_t n, char *out)
 {
     for (size_t i = 0; i < n; i++)
@@ -503,6 +518,8 @@ static int cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct j
         thaw(out);
     else if (!strcmp(cmd, "nccl_teardown"))
         teardown(timeout_ms, out);
+    else if (!strcmp(cmd, "nccl_reload"))
+        reload(out);
     else if (!strcmp(cmd, "nccl_ids"))
         ids(out);
     else if (!strcmp(cmd, "nccl_rebuild"))

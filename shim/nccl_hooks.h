@@ -57,6 +57,9 @@ enum gpucr_nccl_kind {
 /* The real NCCL entry point named pname ("pncclAllReduce"), looked up once in
  * the libnccl the process loaded, into *cache. NULL when there is none. */
 void *gpucr_nccl_real(void **cache, const char *pname);
+/* nccl_lib.c: a fresh copy of libnccl for every hook (after a restore on another
+ * node; only with every communicator torn down): 0, or -1 and why. */
+int gpucr_nccl_reload(char *why, size_t len);
 /* Around every hooked call. enter: GPUCR_NCCL_SUCCESS, or the error to return. */
 ncclResult_t gpucr_nccl_enter(struct gpucr_nccl_call *c, ncclComm_t comm, enum gpucr_nccl_kind kind, void **cache,
                               const char *pname, cudaStream_t stream);

@@ -88,16 +88,26 @@ def test_suspend_resume_and_checkpoint_of_a_two_node_nccl_job(slurm_cluster, wor
 
 
 def test_a_preempted_nccl_job_is_restored_with_its_communicators_rebuilt(slurm_cluster, workdir):
+    """The second time, one of its nodes drained: its ranks move, and NCCL's host
+    state (the stand-in keeps its first host, as NCCL does) must be made anew."""
     steps = 500
     jobid, out, ranks = start(slurm_cluster, workdir, steps)
+    drained = None
     try:
         for n in (1, 2):
+            if n == 2:
+                drained = slurm_cluster.job(jobid)["BatchHost"]
+                slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
             gpucr(slurm_cluster, "preempt", jobid)
             wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(n)  # noqa: B023
                      and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120,
                      what=f"restore {n}", detail=lambda: (output_of(out), slurm_cluster.restore_log(jobid)))
             stepping(ranks, f"stepping after restore {n}", out)
+        assert drained not in slurm_cluster.run("scontrol", "show", "hostnames",
+                                                slurm_cluster.job(jobid)["NodeList"]).stdout.split()
         assert logged(workdir, "destroy") >= 4 * 2
         finished(slurm_cluster, jobid, out, ranks, steps, restarts="2")
     finally:
+        if drained:
+            slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
         slurm_cluster.run("scancel", jobid, check=False)

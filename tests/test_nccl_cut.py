@@ -147,3 +147,26 @@ def test_a_communicator_the_shim_cannot_rebuild_is_refused_and_the_job_runs_on(r
         job.finish()
     finally:
         job.kill()
+
+
+def test_after_a_reload_the_communicators_come_from_a_fresh_copy_of_nccl(ranks_program, tmp_path):
+    """What a restore by CRIU does (maybe on another node): NCCL's host state must
+    not be the old node's, so the hooks move to a fresh copy of the library."""
+    job = Job(ranks_program, tmp_path, steps=600)
+    try:
+        pids = job.ranks()
+        for n in (1, 2):  # twice: a second copy must not be taken for the first (same descriptor number)
+            in_place.checkpoint_tree(job.shell.pid, run_dir=job.run_dir)
+            in_place.restore_tree(job.shell.pid, run_dir=job.run_dir, rebuild=False)
+            inits = [line for line in (tmp_path / "log").read_text().splitlines() if line.startswith("init ")]
+            nccl_cut.rebuild(pids, job.run_dir, reload=True)
+            fresh = [line for line in (tmp_path / "log").read_text().splitlines()
+                     if line.startswith("init ")][len(inits):]
+            # a fresh copy numbers from 0 again: rank 1's two communicators 0 and 1, rank 0's 2 and 3
+            # (its two unique ids took 0 and 1); the copies in use would have gone on from there
+            assert sorted(line.split()[1] for line in fresh) == ["0", "1", "2", "3"], (n, fresh)
+            at = [job.done(r) for r in (0, 1)]
+            job.wait(lambda: all(job.done(r) > at[r] + 5 for r in (0, 1)), f"stepping after reload {n}")  # noqa: B023
+        job.finish()
+    finally:
+        job.kill()

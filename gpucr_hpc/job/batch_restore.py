@@ -231,7 +231,7 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
         remove_created(created)  # the restored shell holds it open by now
     register(site.job_run_dir(jobid), unit, rep["pid"])
     if unit["name"] == "batch" and unit.get("nccl"):  # the script's own ranks: all in this tree
-        nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir)
+        nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir, reload=True)
     return rep
 
 

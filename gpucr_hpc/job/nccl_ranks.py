@@ -127,7 +127,7 @@ def rebuild_by_files(job_dir: Path, procid: int, n_ranks: int, pids: list[int], 
             errors += [part["error"]] if part["error"] else []
         return merged, errors
 
-    nccl_cut.rebuild(pids, run_dir, share_ids=share_ids)
+    nccl_cut.rebuild(pids, run_dir, share_ids=share_ids, reload=True)  # restored by CRIU, maybe elsewhere
 
 
 def fresh_ids_folder(job_dir: Path) -> None:

@@ -209,14 +209,20 @@ def torn_down(pids: list[int], run_dir: Path | None = None) -> list[int]:
 
 
 def rebuild(pids: list[int], run_dir: Path | None = None, timeout_s: float = 300.0,
-            share_ids: ShareIds = alone_ids) -> dict[str, float]:
+            share_ids: ShareIds = alone_ids, reload: bool = False) -> dict[str, float]:
     """New communicators on every rank: fresh unique ids from each one's rank 0,
     handed to all (share_ids: across the node agents), then made together (each
-    rank's make waits for its peers)."""
+    rank's make waits for its peers). reload: after a CRIU restore, each process
+    first loads a fresh copy of NCCL, whose host state (bootstrap address) then
+    is this node's, not the one it was checkpointed on."""
     t0 = time.monotonic()
     ids: dict[str, str] = {}
     error = ""
     try:
+        if reload:
+            for pid, r in _ask(pids, run_dir, "nccl_reload").items():
+                if not r.ok:
+                    raise GpucrError(f"process {pid}: {r.error or 'NCCL could not be loaded again'}", "")
         for pid, r in _ask(pids, run_dir, "nccl_ids").items():
             if not r.ok:
                 raise GpucrError(f"process {pid}: {r.error or 'no NCCL unique ids'}", "")

@@ -1,7 +1,9 @@
 /* A stand-in for libnccl.so.2 in CPU tests of the shim's NCCL hooks: the same
  * exported names (pnccl* and ncclX as weak aliases, as NCCL has), no GPU work.
  * Each communicator counts its operations and dies loudly when it is used
- * after it was destroyed; every make and destroy is logged (FAKE_NCCL_LOG). */
+ * after it was destroyed; every make and destroy is logged (FAKE_NCCL_LOG).
+ * Like NCCL, it keeps the host it first ran on (NCCL: its bootstrap interface
+ * and address) and fails to make a communicator on any other. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +22,21 @@ struct fake_comm {
 #define MAGIC 0xfa4ecc1u
 
 static int serials;
+static char first_host[256];
+
+/* 0 on the host this copy first ran on; else NCCL's failure to bind its
+ * bootstrap to an address the node does not have. */
+static int same_host(void)
+{
+    char now[256] = "";
+    gethostname(now, sizeof now);
+    if (!first_host[0])
+        snprintf(first_host, sizeof first_host, "%s", now);
+    if (!strcmp(first_host, now))
+        return 0;
+    fprintf(stderr, "fake nccl: bootstrap on %s's address, but this is %s\n", first_host, now);
+    return -1;
+}
 
 static void note(const char *what, struct fake_comm *c)
 {
@@ -48,6 +65,8 @@ static struct fake_comm *use(void *comm)
 
 EXPORT(ncclResult_t, ncclGetUniqueId, (ncclUniqueId *id))
 {
+    if (same_host())
+        return 2; /* ncclSystemError */
     memset(id, 0, sizeof *id);
     snprintf(id->internal, sizeof id->internal, "fake-%d-%d-%ld", (int)getpid(), serials++, random());
     return 0;
@@ -56,6 +75,8 @@ EXPORT(ncclResult_t, ncclGetUniqueId, (ncclUniqueId *id))
 EXPORT(ncclResult_t, ncclCommInitRank, (void **comm, int nranks, ncclUniqueId id, int rank))
 {
     (void)id;
+    if (same_host())
+        return 2;
     struct fake_comm *c = calloc(1, sizeof *c);
     *c = (struct fake_comm){MAGIC, serials++, nranks, rank, 0, 0};
     *comm = c;
