@@ -8,6 +8,7 @@ runs the same against PyTorch on two of them."""
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,7 +96,8 @@ def test_checkpoint_of_the_tree_cuts_tears_down_and_rebuilds_every_communicator(
             assert log_lines(tmp_path, "destroy") == 4 * (cycle + 1)
             rep = in_place.restore_tree(job.shell.pid, run_dir=job.run_dir)
             assert "rebuild_s" in rep["phases"]
-            job.wait(lambda: all(job.done(r) > at[r] + 5 for r in (0, 1)), f"stepping after restore {cycle}")
+            job.wait(lambda: all(job.done(r) > at[r] + 5 for r in (0, 1)),  # noqa: B023
+                     f"stepping after restore {cycle}")
         assert log_lines(tmp_path, "register") == 2 * 4  # each rank: made, then replayed at 3 rebuilds
         job.finish()
     finally:
@@ -167,6 +169,29 @@ def test_after_a_reload_the_communicators_come_from_a_fresh_copy_of_nccl(ranks_p
             assert sorted(line.split()[1] for line in fresh) == ["0", "1", "2", "3"], (n, fresh)
             at = [job.done(r) for r in (0, 1)]
             job.wait(lambda: all(job.done(r) > at[r] + 5 for r in (0, 1)), f"stepping after reload {n}")  # noqa: B023
+        job.finish()
+    finally:
+        job.kill()
+
+
+def test_status_lists_each_rank_with_its_communicators_and_its_cut(ranks_program, tmp_path):
+    def status() -> dict[str, str]:
+        r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "status", "--run-dir", str(job.run_dir)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        header, *lines = r.stdout.splitlines()
+        at = header.index("NCCL")  # the column: each row's text under it
+        return {line.split()[0]: line[at:at + 12].strip() for line in lines}
+
+    job = Job(ranks_program, tmp_path, steps=400)
+    try:
+        pids = [str(p) for p in job.ranks()]
+        rows = status()
+        assert all(rows[p] == "2" for p in pids), rows
+        nccl_cut.cut(job.ranks(), job.run_dir)
+        rows = status()
+        assert all(rows[p] == "2 parked" for p in pids), rows
+        nccl_cut.thaw(job.ranks(), job.run_dir)
         job.finish()
     finally:
         job.kill()

@@ -242,15 +242,25 @@ def status(jobid, run_dir, as_json):
     if not rows:
         click.echo(f"no process runs under the shim (run dir {run_dir or default_run_dir()})")
         return
-    click.echo(f"{'PID':>8}  {'STATE':<13} {'GPU':>10} {'ARENA':>10}  CMD")
+    click.echo(f"{'PID':>8}  {'STATE':<13} {'GPU':>10} {'ARENA':>10}  {'NCCL':<12} CMD")
     for row in rows:
         st = row.status
         if not st.ok:
-            click.echo(f"{row.pid:>8}  {'unreachable':<13} {'-':>10} {'-':>10}  {row.cmd[:60]}")
+            click.echo(f"{row.pid:>8}  {'unreachable':<13} {'-':>10} {'-':>10}  {'-':<12} {row.cmd[:60]}")
             continue
         gpu = st.gpu_bytes + st.checkpointed_bytes + st.async_bytes
         state = st.state if st.cuda or st.state != "running" else "running(cpu)"
-        click.echo(f"{row.pid:>8}  {state:<13} {units.size(gpu):>10} {units.size(st.arena_bytes):>10}  {row.cmd[:60]}")
+        click.echo(f"{row.pid:>8}  {state:<13} {units.size(gpu):>10} {units.size(st.arena_bytes):>10}  "
+                   f"{nccl_column(st.raw):<12} {row.cmd[:60]}")
+
+
+def nccl_column(raw) -> str:
+    """The process's NCCL communicators, and where its cut is when one runs."""
+    n = int(raw.get("nccl_comms") or 0)
+    cut = str(raw.get("nccl_cut") or "none")
+    if not n:
+        return "-"
+    return str(n) if cut == "none" else f"{n} {cut}"
 
 
 @click.command("copy-helper")
