@@ -18,6 +18,8 @@ if os.geteuid() != 0:
 from job_helpers import assert_counted_once, gpucr, numbers, output_of, wait_for  # noqa: E402
 from shim_helpers import REPO  # noqa: E402
 
+from gpucr_hpc.store.files import tree_digest  # noqa: E402
+
 FAKE = REPO / "tests" / "nccl_fake"
 
 
@@ -29,7 +31,7 @@ def nccl_job(workdir, steps: int):
         assert r.returncode == 0, r.stderr
     script = workdir / "job.sh"
     script.write_text(f"""#!/bin/bash
-export FAKE_NCCL_LOG={workdir}/nccl.log
+export FAKE_NCCL_LOG={workdir}/nccl.log FAKE_NCCL_BROKEN={workdir}/broken
 echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
 srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {workdir}/ranks $SLURM_PROCID 2 {workdir} {steps} 20000'
 echo "after srun rc=$?"
@@ -110,4 +112,37 @@ def test_a_preempted_nccl_job_is_restored_with_its_communicators_rebuilt(slurm_c
     finally:
         if drained:
             slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_communicators_that_cannot_be_rebuilt_hold_the_job_and_a_later_restore_runs_it(slurm_cluster, workdir):
+    """A restore whose ranks cannot make their communicators (NCCL broken on the
+    nodes, here by the stand-in's flag file): the job is held with the reason,
+    its image unchanged, no rank run from the top; once NCCL works again,
+    `gpucr-hpc restore` brings it back and every step counts once."""
+    steps = 400
+    jobid, out, ranks = start(slurm_cluster, workdir, steps)
+    broken = workdir / "broken"
+    try:
+        broken.touch()
+        gpucr(slurm_cluster, "preempt", jobid)
+        comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
+        wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
+                 what="the job to be held with the reason", detail=lambda: comment() + output_of(out))
+        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=180)
+        assert "held" in info["Reason"], info
+        assert "NCCL" in comment() or "ncclGetUniqueId" in comment(), comment()
+        gen = slurm_cluster.state / "images" / jobid / "gen-1"
+        before = tree_digest(gen)
+        for p in ranks:
+            got = numbers(p)
+            assert got == list(range(len(got))), "a rank ran from the top"
+        broken.unlink()
+        r = gpucr(slurm_cluster, "restore", jobid, "--from", "1")
+        assert "restoring from gen-1" in r.stdout
+        stepping(ranks, "stepping after the restore", out)
+        assert tree_digest(gen) == before, "the failed restore changed the image"
+        finished(slurm_cluster, jobid, out, ranks, steps, restarts="2")
+    finally:
+        broken.unlink(missing_ok=True)
         slurm_cluster.run("scancel", jobid, check=False)

@@ -3,7 +3,9 @@
  * Each communicator counts its operations and dies loudly when it is used
  * after it was destroyed; every make and destroy is logged (FAKE_NCCL_LOG).
  * Like NCCL, it keeps the host it first ran on (NCCL: its bootstrap interface
- * and address) and fails to make a communicator on any other. */
+ * and address) and fails to make a communicator on any other. While the file
+ * FAKE_NCCL_BROKEN names exists, it makes none at all (a node whose network
+ * NCCL cannot use). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,11 @@ static char first_host[256];
  * bootstrap to an address the node does not have. */
 static int same_host(void)
 {
+    const char *broken = getenv("FAKE_NCCL_BROKEN");
+    if (broken && access(broken, F_OK) == 0) {
+        fprintf(stderr, "fake nccl: broken (%s exists)\n", broken);
+        return -1;
+    }
     char now[256] = "";
     gethostname(now, sizeof now);
     if (!first_host[0])
