@@ -68,3 +68,54 @@ def test_an_agent_line_is_one_json_object(capsys):
     line = capsys.readouterr().out
     assert line.endswith("\n") and json.loads(line) == {"progress": {"node": "n1", "unit": "batch",
                                                                      "phase": "commit", "bytes": 5}}
+
+
+@pytest.mark.slurm
+@pytest.mark.criu
+def test_a_job_checkpoint_on_a_terminal_shows_each_node_and_piped_prints_only_its_result(slurm_cluster, workdir):
+    """On a terminal (stderr a pty) the command shows a line per node with its
+    units' phases and bytes while the agents work; piped, stderr stays empty."""
+    import os
+    import pty
+    import subprocess
+    import threading
+
+    from job_helpers import counting_script, gpucr, numbers, wait_for
+
+    if os.geteuid() != 0:
+        pytest.skip("job checkpoint with CRIU needs root here")
+    log = workdir / "count.txt"
+    jobid = slurm_cluster.sbatch(counting_script(workdir, log, 600), "--gpucr=on", "-o", str(workdir / "job.out"))
+    try:
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(log)) > 5, what="the job to count")
+        master, slave = pty.openpty()
+        seen = bytearray()
+        reader = threading.Thread(target=lambda: _drain(master, seen), daemon=True)
+        reader.start()
+        r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "checkpoint", jobid], env=slurm_cluster.env,
+                           stdout=subprocess.PIPE, stderr=slave, text=True, timeout=300)
+        os.close(slave)
+        reader.join(timeout=10)
+        os.close(master)
+        shown = seen.decode(errors="replace")
+        assert r.returncode == 0 and "checkpointed" in r.stdout, (r.stdout, shown)
+        node = slurm_cluster.job(jobid)["BatchHost"]
+        assert f"{node}: " in shown and "units)" in shown, shown
+        piped = gpucr(slurm_cluster, "checkpoint", jobid)
+        assert piped.stderr == "" and "progress" not in piped.stdout, (piped.stdout, piped.stderr)
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def _drain(fd, into: bytearray) -> None:
+    import os
+
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            return
+        if not chunk:
+            return
+        into += chunk
