@@ -161,15 +161,8 @@ def main(argv=None) -> int:
             nccl_ranks.rebuild_by_files(gen.parent, procid, len(ranks), nccl_ranks.ranks_in([rep["pid"]], run_dir),
                                         run_dir, float(config.value("GPUCR_RANKS_BACK_TIMEOUT")))
         except GpucrError as e:
-            end_tree(rep["pid"], rep["_launcher"])
-            lease.close()
-            try:
-                give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {e.one_line()}",
-                        f"the NCCL communicators of {gen.name} were not rebuilt",
-                        f"fix that, gpucr-hpc restore {jobid} --from N")
-            except GpucrError as hold:
-                say(f"gpucr: error: holding job {jobid} failed: {hold.one_line()}")
-            return 1
+            return end_and_hold(jobid, procid, gen, rep, lease, e, f"the NCCL communicators of {gen.name} "
+                                "were not rebuilt")
     if held:
         try:
             rank_connections.hold_until_all_back(gen.parent / RANKS_BACK, len(ranks),
@@ -177,16 +170,23 @@ def main(argv=None) -> int:
         except GpucrError as e:
             # Its peers are not all back: let go of the connections, and a packet
             # would reset them. Ended and held instead; the image stays as it was.
-            end_tree(rep["pid"], rep["_launcher"])
-            lease.close()
-            try:
-                give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {e.one_line()}",
-                        f"not every rank of {gen.name} came back", f"fix that, gpucr-hpc restore {jobid} --from N")
-            except GpucrError as hold:
-                say(f"gpucr: error: holding job {jobid} failed: {hold.one_line()}")
-            return 1
+            return end_and_hold(jobid, procid, gen, rep, lease, e, f"not every rank of {gen.name} came back")
     lease.close()  # its own connections (both ends in the rank) are let go at once
     return rep["_launcher"].wait()
+
+
+def end_and_hold(jobid: str, procid: int, gen: Path, rep: dict, lease: ExitStack, e: GpucrError,
+                 reason: str) -> int:
+    """A restored rank that cannot run on with its peers: ended, its connections let
+    go, and the job held with the reason (the image stays as it was)."""
+    end_tree(rep["pid"], rep["_launcher"])
+    lease.close()
+    try:
+        give_up(jobid, f"gpucr: cannot restore job {jobid}: rank {procid} of {gen.name}: {e.one_line()}",
+                reason, f"fix that, gpucr-hpc restore {jobid} --from N")
+    except GpucrError as hold:
+        say(f"gpucr: error: holding job {jobid} failed: {hold.one_line()}")
+    return 1
 
 
 if __name__ == "__main__":
