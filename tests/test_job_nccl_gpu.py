@@ -1,11 +1,20 @@
-"""A one-node, two-GPU PyTorch DDP job over NCCL (default transports) under real
-Slurm: suspended and resumed, checkpointed, then preempted, requeued and
-restored by CRIU, with its communicators torn down and rebuilt each time. Its
-output must equal an uninterrupted torchrun of the same job bit for bit.
-Marked gpu (needs 2 GPUs); figures go to $GPUCR_RESULTS_DIR/job-nccl-gpu.json."""
+"""PyTorch DDP jobs over NCCL under real Slurm on GPUs, their output compared bit
+for bit with an uninterrupted torchrun of the same job.
+
+* One node, two GPUs, NCCL's default transports (P2P over NVLink), launched by
+  `srun -n2` and by `torchrun --nproc-per-node 2`: suspended and resumed,
+  checkpointed, then preempted, requeued and restored by CRIU twice.
+* Two nodes, one GPU each (the test cluster with GPUCR_TESTCLUSTER_GPUS=split:
+  NCCL sees two hosts and uses its NET transport over the nodes' addresses):
+  preempted and restored in place, then preempted with a node drained, so that
+  the ranks move to another node and onto another GPU.
+
+Each test skips on a cluster of the other shape. Marked gpu; figures go to
+$GPUCR_RESULTS_DIR/job-nccl-gpu-*.json."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -18,18 +27,30 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slurm, pytest.mark.criu]
 
 REPO = Path(__file__).resolve().parent.parent
 DDP = REPO / "tests" / "shim_workloads" / "ddp_nccl.py"
-STEPS, BALLAST_GIB, PACE = 120, 1.0, 0.05
-ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_NVLS_ENABLE": "0"}
-RESULTS = Path(os.environ.get("GPUCR_RESULTS_DIR") or "/tmp") / "job-nccl-gpu.json"
+STEPS, BALLAST_GIB, PACE = 400, 1.0, 0.05
+ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "INFO"}
+NET_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1"}  # the reference of the two-host job
+RESULTS = Path(os.environ.get("GPUCR_RESULTS_DIR") or "/tmp")
 
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
 
-def gpus() -> list[int]:
+def used_mib() -> list[int]:
     r = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                        capture_output=True, text=True)
     return [int(x) for x in r.stdout.split()] if r.returncode == 0 else []
+
+
+def busy_gpus(idle: list[int]) -> list[int]:
+    """The GPUs the job's ranks hold (each holds over a GiB: its ballast and model)."""
+    return [i for i, (u, b) in enumerate(zip(used_mib(), idle)) if u - b > 512]
+
+
+def gpus_per_node(cluster) -> dict[str, int]:
+    out = cluster.run("scontrol", "show", "node", "-o").stdout
+    return {m.group(1): int(g.group(1)) if (g := re.search(r"Gres=gpu:[^:\s]*:?(\d+)", line)) else 0
+            for line in out.splitlines() if (m := re.match(r"NodeName=(\S+)", line))}
 
 
 def lines(text: str, rank: int) -> list[str]:
@@ -40,61 +61,139 @@ def steps_of(out: Path, rank: int) -> int:
     return sum(1 for ln in lines(output_of(out), rank) if " step " in ln)
 
 
-def test_ddp_job_suspended_checkpointed_and_preempted_runs_as_if_never_stopped(slurm_cluster, workdir):
-    if len(gpus()) < 2:
-        pytest.skip("needs 2 GPUs")
-    idle = gpus()
+def transports(text: str) -> set[str]:
+    """What NCCL's INFO log says it used: `... via P2P/CUMEM/read`, `via NET/Socket/0`."""
+    return {m.group(1) for m in re.finditer(r"via (P2P|SHM|NET)/", text)}
+
+
+def reference(env: dict) -> str:
     ref = subprocess.run(["torchrun", "--standalone", "--nproc-per-node=2", str(DDP), str(STEPS), str(BALLAST_GIB),
-                          "0"], capture_output=True, text=True, env=dict(os.environ, **ENV), timeout=300)
+                          "0"], capture_output=True, text=True, env=dict(os.environ, **env), timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
-    script = workdir / "ddp.sh"
-    exports = " ".join(f"{k}={v}" for k, v in ENV.items())
-    script.write_text(f"""#!/bin/bash
-# an address, not a name: a lookup that has no DNS to ask can stall every store connect
-export {exports} MASTER_PORT=29533
-export MASTER_ADDR=$({sys.executable} -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')
+    return ref.stdout
+
+
+ADDR = f"$({sys.executable} -c 'import socket; print(socket.gethostbyname(socket.gethostname()))')"
+LAUNCH = {
+    # an address, not a name: a lookup that has no DNS to ask can stall every store connect
+    "srun": f"""export MASTER_PORT=29533 MASTER_ADDR={ADDR}
 [ -n "$MASTER_ADDR" ] || {{ echo "no address for $(hostname)"; exit 1; }}
-srun --ntasks=2 --ntasks-per-node=2 {sys.executable} {DDP} {STEPS} {BALLAST_GIB} {PACE}
-echo "after srun rc=$?"
-""")
-    out = workdir / "job.out"
-    res: dict = {"steps": STEPS, "idle_mib": idle}
-    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N1", "--ntasks=2", "--gres=gpu:2", "-o", str(out))
-    try:
-        slurm_cluster.wait_state(jobid, "RUNNING")
-        running = lambda n: all(steps_of(out, r) >= n for r in (0, 1))  # noqa: E731
-        wait_for(lambda: running(20), timeout=90, what="both ranks to step", detail=lambda: output_of(out)[-3000:])
+srun --ntasks=2 --ntasks-per-node=2 {sys.executable} {DDP} {STEPS} {BALLAST_GIB} {PACE}""",
+    "torchrun": f"""srun --ntasks=1 torchrun --nnodes=1 --nproc-per-node=2 --rdzv-backend=c10d \\
+    --rdzv-endpoint=127.0.0.1:29534 --local-addr=127.0.0.1 {DDP} {STEPS} {BALLAST_GIB} {PACE}""",
+    "two-hosts": f"""export MASTER_PORT=29535 MASTER_ADDR={ADDR}
+srun --ntasks=2 --ntasks-per-node=1 {sys.executable} {DDP} {STEPS} {BALLAST_GIB} {PACE}""",
+}
+
+
+def job_script(workdir: Path, launch: str) -> Path:
+    script = workdir / f"ddp-{launch}.sh"
+    exports = " ".join(f"{k}={v}" for k, v in ENV.items())
+    script.write_text(f"#!/bin/bash\nexport {exports}\n{LAUNCH[launch]}\necho \"after srun rc=$?\"\n")
+    return script
+
+
+class Run:
+    """One job under test: its output, its figures, and waits on its ranks."""
+
+    def __init__(self, cluster, jobid: str, out: Path, res: dict):
+        self.cluster, self.jobid, self.out, self.res = cluster, jobid, out, res
+
+    def stepping(self, what: str, more: int = 10) -> None:
+        at = min(steps_of(self.out, r) for r in (0, 1))
+        wait_for(lambda: all(steps_of(self.out, r) >= at + more for r in (0, 1)), timeout=180, what=what,
+                 detail=lambda: output_of(self.out)[-3000:] + self.cluster.restore_log(self.jobid)[-2000:])
+
+    def timed(self, name: str, *args) -> None:
         t = time.monotonic()
-        gpucr(slurm_cluster, "suspend", jobid)
-        res["suspend_s"] = time.monotonic() - t
-        res["suspended_mib"] = gpus()
-        assert all(u - i <= 64 for u, i in zip(res["suspended_mib"], idle)), res
+        gpucr(self.cluster, *args, self.jobid)
+        self.res[f"{name}_s"] = round(time.monotonic() - t, 3)
+
+    def preempted_and_restored(self, n: int) -> None:
         t = time.monotonic()
-        gpucr(slurm_cluster, "resume", jobid)
-        res["resume_s"] = time.monotonic() - t
-        at = steps_of(out, 0)
-        wait_for(lambda: running(at + 10), timeout=120, what="steps after resume", detail=lambda: output_of(out)[-3000:])
-        t = time.monotonic()
-        gpucr(slurm_cluster, "checkpoint", jobid)
-        res["checkpoint_s"] = time.monotonic() - t
-        at = steps_of(out, 0)
-        wait_for(lambda: running(at + 10), timeout=120, what="steps after the checkpoint",
-                 detail=lambda: output_of(out)[-3000:])
-        t = time.monotonic()
-        gpucr(slurm_cluster, "preempt", jobid)
-        res["preempt_s"] = time.monotonic() - t
-        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1"
-                 and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=300, what="the restore",
-                 detail=lambda: slurm_cluster.restore_log(jobid))
-        res["restored_s"] = time.monotonic() - t
-        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
-        text = output_of(out)
-        res["state"] = info["JobState"]
-        res["bit_identical"] = all(lines(text, r) == lines(ref.stdout, r) for r in (0, 1))
-        RESULTS.write_text(json.dumps(res, indent=1))
-        assert info["JobState"] == "COMPLETED", (text[-3000:], slurm_cluster.restore_log(jobid))
+        gpucr(self.cluster, "preempt", self.jobid)
+        self.res[f"preempt_{n}_s"] = round(time.monotonic() - t, 3)
+        job = self.cluster.job
+        wait_for(lambda: job(self.jobid).get("Restarts") == str(n) and job(self.jobid).get("JobState") == "RUNNING",
+                 timeout=300, what=f"restore {n}", detail=lambda: self.cluster.restore_log(self.jobid))
+        self.res[f"restored_{n}_s"] = round(time.monotonic() - t, 3)
+        self.res[f"nodes_{n}"] = job(self.jobid).get("NodeList")
+        self.stepping(f"steps after restore {n}")
+        self.res[f"gpus_{n}"] = busy_gpus(self.res["idle_mib"])
+
+    def finished(self, ref: str, restarts: int) -> str:
+        info = self.cluster.wait_state(self.jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+        text = output_of(self.out)
+        self.res.update(state=info["JobState"], restarts=info.get("Restarts"),
+                        nccl_transports=sorted(transports(text)),
+                        bit_identical=all(lines(text, r) == lines(ref, r) for r in (0, 1)))
+        assert info["JobState"] == "COMPLETED" and info.get("Restarts") == str(restarts), \
+            (text[-3000:], self.cluster.restore_log(self.jobid))
+        assert text.count("after srun rc=0") == 1, text[-3000:]
         for r in (0, 1):
-            assert lines(text, r) == lines(ref.stdout, r), f"rank {r} differs"
+            assert lines(text, r) == lines(ref, r), f"rank {r} differs"
+        return text
+
+
+def start(cluster, workdir: Path, launch: str, *sbatch_args) -> Run:
+    out = workdir / f"job-{launch}.out"
+    jobid = cluster.sbatch(job_script(workdir, launch), "--gpucr=on", "-o", str(out), *sbatch_args)
+    run = Run(cluster, jobid, out, {"launch": launch, "steps": STEPS, "ballast_gib": BALLAST_GIB,
+                                    "idle_mib": used_mib(), "jobid": jobid})
+    cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: all(steps_of(out, r) >= 20 for r in (0, 1)), timeout=180, what="both ranks to step",
+             detail=lambda: output_of(out)[-3000:])
+    run.res["nodes_0"] = cluster.job(jobid).get("NodeList")
+    run.res["gpus_0"] = busy_gpus(run.res["idle_mib"])
+    return run
+
+
+@pytest.mark.parametrize("launch", ["srun", "torchrun"])
+def test_one_node_ddp_job_suspended_checkpointed_and_twice_preempted_runs_as_if_never_stopped(
+        slurm_cluster, workdir, launch):
+    if max(gpus_per_node(slurm_cluster).values(), default=0) < 2:
+        pytest.skip("needs a node with 2 GPUs")
+    ref = reference(ENV)
+    run = start(slurm_cluster, workdir, launch, "-N1", "--ntasks=2" if launch == "srun" else "--ntasks=1",
+                "--gres=gpu:2")
+    try:
+        run.timed("suspend", "suspend")
+        run.res["suspended_mib"] = used_mib()
+        assert all(u - i <= 64 for u, i in zip(run.res["suspended_mib"], run.res["idle_mib"])), run.res
+        run.timed("resume", "resume")
+        run.stepping("steps after resume")
+        run.timed("checkpoint", "checkpoint")
+        run.stepping("steps after the checkpoint")
+        for n in (1, 2):
+            run.preempted_and_restored(n)
+        text = run.finished(ref, restarts=2)
+        assert "P2P" in transports(text), "NCCL's log shows no P2P transport"
     finally:
-        RESULTS.write_text(json.dumps(res, indent=1))
-        slurm_cluster.run("scancel", jobid, check=False)
+        (RESULTS / f"job-nccl-gpu-{launch}.json").write_text(json.dumps(run.res, indent=1))
+        slurm_cluster.run("scancel", run.jobid, check=False)
+
+
+def test_two_host_ddp_job_over_net_is_restored_in_place_then_moved_to_another_node_and_gpu(slurm_cluster, workdir):
+    per_node = gpus_per_node(slurm_cluster)
+    if len(per_node) < 3 or set(per_node.values()) != {1} or len(used_mib()) < 3:
+        pytest.skip("needs 3 one-GPU nodes on 3 GPUs (GPUCR_TESTCLUSTER_GPUS=split)")
+    ref = reference(dict(ENV, **NET_ONLY))
+    run = start(slurm_cluster, workdir, "two-hosts", "-N2", "--ntasks-per-node=1", "--gres=gpu:1")
+    drained = None
+    try:
+        run.preempted_and_restored(1)
+        assert run.res["nodes_1"] == run.res["nodes_0"]
+        drained = slurm_cluster.job(run.jobid)["BatchHost"]
+        slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
+        run.preempted_and_restored(2)
+        nodes = slurm_cluster.run("scontrol", "show", "hostnames", run.res["nodes_2"]).stdout.split()
+        assert drained not in nodes, run.res
+        text = run.finished(ref, restarts=2)
+        assert transports(text) == {"NET"}, f"NCCL used {transports(text)}, not NET only"
+        assert run.res["gpus_1"] == run.res["gpus_0"] and len(run.res["gpus_0"]) == 2, run.res
+        assert run.res["gpus_2"] != run.res["gpus_0"] and len(run.res["gpus_2"]) == 2, run.res
+    finally:
+        (RESULTS / "job-nccl-gpu-two-hosts.json").write_text(json.dumps(run.res, indent=1))
+        slurm_cluster.run("scancel", run.jobid, check=False)
+        if drained:
+            slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)

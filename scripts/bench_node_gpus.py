@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""Issue 22 benchmark: a whole node's GPUs checkpointed in place together against
+one GPU alone, same footprint per GPU, same run.
+
+One `gpucr-hpc run` of a launcher that starts one CUDA program per GPU
+(tests/shim_workloads/cuda_malloc.cu, CUDA_VISIBLE_DEVICES=i, each holding --gib
+GiB), its arenas made ahead (--arena-size auto), checkpointed and restored in
+place as one tree (in_place.checkpoint_tree: every process at once), CYCLES
+times. First with one GPU, while an uninterrupted run of the same program on a
+second GPU writes the reference output; then with N GPUs. Every program's
+output must equal the reference (`identical`). Raw pinned bandwidth is measured
+for one GPU alone and for all N at once (the node's host-memory limit), with
+each GPU's NUMA node and the shims' own placement (`numa_node`).
+
+    python3 scripts/bench_node_gpus.py --gib 40 --out bench/results/node-gpus.json
+Writes JSON (+ PNG when matplotlib is there): `n_gpus`, `node_vs_one_gpu` (the
+node's median checkpoint time over one GPU's) and its restore twin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gpucr_hpc.process import in_place  # noqa: E402
+from gpucr_hpc.shim.client import ShimClient  # noqa: E402
+
+STEPS, PACE_MS = 20000, 50  # paced while measured; SIGUSR1 lifts the pacing (see Node.finish)
+
+
+def smi_rows(query: str) -> list[list[str]]:
+    r = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True, timeout=60, check=True)
+    return [[x.strip() for x in ln.split(",")] for ln in r.stdout.strip().splitlines()]
+
+
+def numa_of(bus_id: str) -> int:
+    """sysfs names a PCI function 0000:xx:yy.z; nvidia-smi says 00000000:XX:YY.Z."""
+    dom, rest = bus_id.lower().split(":", 1)
+    p = Path(f"/sys/bus/pci/devices/{dom[-4:]}:{rest}/numa_node")
+    try:
+        return int(p.read_text())
+    except (OSError, ValueError):
+        return -1
+
+
+def topology() -> dict:
+    gpus = [{"index": int(i), "name": n, "bus_id": b, "numa_node": numa_of(b)}
+            for i, n, b in smi_rows("index,name,pci.bus_id")]
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=60).stdout
+    shm = os.statvfs("/dev/shm")
+    return {"gpus": gpus, "numa_nodes": {n.name: (n / "cpulist").read_text().strip() for n in nodes},
+            "cpus": os.cpu_count(), "dev_shm_gib": round(shm.f_blocks * shm.f_frsize / 2**30, 1),
+            "mem_total_gib": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1),
+            "nvidia_smi_topo": topo.splitlines()}
+
+
+RAW = """
+import json, sys, time, torch
+n = int(float(sys.argv[1]) * 2**30); start = float(sys.argv[2])
+h = torch.empty(n, dtype=torch.uint8, pin_memory=True); d = torch.empty(n, dtype=torch.uint8, device='cuda')
+h.fill_(1); d.fill_(2); torch.cuda.synchronize()
+while time.time() < start: time.sleep(0.001)
+def rates(f):
+    out = []
+    for _ in range(3):
+        torch.cuda.synchronize(); t0 = time.perf_counter(); f(); torch.cuda.synchronize()
+        out.append(n / (time.perf_counter() - t0) / 1e9)
+    return out
+print(json.dumps({"d2h_GBps": rates(lambda: h.copy_(d, non_blocking=True)),
+                  "h2d_GBps": rates(lambda: d.copy_(h, non_blocking=True))}))
+"""
+
+
+def raw_bandwidth(gpus: list[int], gib: float) -> dict:
+    """Pinned copies on every GPU of `gpus` at once (they start together): each
+    GPU's rates and their sum, the node's ceiling for a checkpoint of all of them."""
+    start = time.time() + 15  # every process has its buffers by then
+    procs = [subprocess.Popen([sys.executable, "-c", RAW, str(gib), str(start)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(g)))
+             for g in gpus]
+    per = []
+    for g, p in zip(gpus, procs):
+        out, err = p.communicate(timeout=300)
+        if p.returncode != 0:
+            return {"error": f"GPU {g}: {err[-400:]}"}
+        r = json.loads(out.strip().splitlines()[-1])
+        per.append({"gpu": g, "d2h_GBps": max(r["d2h_GBps"]), "h2d_GBps": max(r["h2d_GBps"])})
+    return {"gpus": gpus, "gib_per_gpu": gib, "per_gpu": per,
+            "sum_d2h_GBps": round(sum(p["d2h_GBps"] for p in per), 2),
+            "sum_h2d_GBps": round(sum(p["h2d_GBps"] for p in per), 2)}
+
+
+def exe_name(pid: int) -> str:
+    try:
+        return Path(os.readlink(f"/proc/{pid}/exe")).name
+    except OSError:
+        return ""
+
+
+class Node:
+    """`gpucr-hpc run` of a launcher with one program per GPU of `gpus`."""
+
+    def __init__(self, args, gpus: list[int], run_dir: Path, work: Path):
+        self.gpus, self.run_dir, self.work = gpus, run_dir, work
+        self.program = Path(args.cuda_bin).name
+        prog = " ".join(shlex.quote(x) for x in (args.cuda_bin, str(STEPS), str(args.gib), str(PACE_MS)))
+        body = "; ".join(f"CUDA_VISIBLE_DEVICES={g} {prog} >{work}/out.{g} 2>{work}/err.{g} &" for g in gpus)
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env["GPUCR_RUN_DIR"] = str(run_dir)
+        self.p = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "run", "--arena-size", "auto", "--",
+                                   "bash", "-c", f"{body} wait"], env=env, stderr=subprocess.PIPE, text=True)
+
+    def programs(self) -> list[int]:
+        """The launcher's children (the CUDA programs)."""
+        kids: list[int] = []
+        todo = [self.p.pid]
+        while todo:
+            pid = todo.pop()
+            for t in Path(f"/proc/{pid}/task").glob("*"):
+                try:
+                    found = [int(x) for x in (t / "children").read_text().split()]
+                except OSError:
+                    continue
+                kids += found
+                todo += found
+        return [k for k in kids if exe_name(k) == self.program]
+
+    def steps(self, g: int) -> int:
+        p = self.work / f"out.{g}"
+        return sum(1 for ln in p.read_text().splitlines() if ln.startswith("step ")) if p.exists() else 0
+
+    def ready(self, timeout: float) -> list[dict]:
+        """Each program's shim status once its arena is grown to its data."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.p.poll() is not None:
+                raise RuntimeError(f"the node run ended early: {self.p.stderr.read()[-800:] if self.p.stderr else ''}")
+            pids = self.programs()
+            if len(pids) == len(self.gpus):
+                try:
+                    st = [dict(ShimClient(pid, self.run_dir).status().raw) for pid in pids]
+                except Exception:  # noqa: BLE001 - not listening yet
+                    st = []
+                if st and all(s.get("arena_ready") and s.get("gpu_bytes", 0) > 0
+                              and s.get("arena_bytes", 0) >= s["gpu_bytes"] for s in st):
+                    return st
+            time.sleep(0.2)
+        raise RuntimeError("the programs' arenas were not ready in time")
+
+    def finish(self) -> dict[int, list[str]]:
+        for pid in self.programs():
+            os.kill(pid, signal.SIGUSR1)
+        try:
+            self.p.wait(600)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        return {g: (self.work / f"out.{g}").read_text().splitlines() for g in self.gpus}
+
+
+PROCESS_KEYS = ("pid", "bytes", "prepare_s", "copy_s", "release_s", "copy_threads", "data_path")
+
+
+def cycles(node: Node, n: int) -> list[dict]:
+    out = []
+    for _ in range(n):
+        at = [node.steps(g) for g in node.gpus]
+        while any(node.steps(g) < a + 3 for g, a in zip(node.gpus, at)):  # every program steps between cycles
+            time.sleep(0.05)
+        t = time.monotonic()
+        cp = in_place.checkpoint_tree(node.p.pid, timeout_ms=120000, run_dir=node.run_dir)
+        cp_s = time.monotonic() - t
+        t = time.monotonic()
+        rs = in_place.restore_tree(node.p.pid, run_dir=node.run_dir)
+        rs_s = time.monotonic() - t
+        out.append({"checkpoint_s": round(cp_s, 3), "restore_s": round(rs_s, 3), "bytes": cp["bytes"],
+                    "checkpoint": cp["phases"], "restore": rs["phases"],
+                    "per_process": [{k: c.get(k) for k in PROCESS_KEYS} for c in cp["processes"] if c.get("cuda")]})
+        print(f"  {len(node.gpus)} GPU(s): checkpoint {cp_s:.2f} s {cp['phases']}, restore {rs_s:.2f} s", flush=True)
+    return out
+
+
+def measure(args, gpus: list[int], reference_gpu: int | None) -> dict:
+    """The node of `gpus` measured; with reference_gpu, an uninterrupted run of the
+    same program there meanwhile writes the reference output. `_lines`: each
+    program's output by GPU."""
+    work = Path(tempfile.mkdtemp(prefix=f"gpucr-node-{len(gpus)}-"))
+    node = Node(args, gpus, Path(f"/tmp/gpucr-node-run-{len(gpus)}"), work)
+    rec: dict = {"gpus": gpus}
+    ref = None
+    try:
+        if reference_gpu is not None:
+            ref = subprocess.Popen([args.cuda_bin, str(STEPS), str(args.gib), "0"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True,
+                                   env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(reference_gpu)))
+        t = time.monotonic()
+        status = node.ready(args.ready_timeout)
+        rec.update(ready_after_s=round(time.monotonic() - t, 2), numa_node=[s.get("numa_node") for s in status],
+                   arena_setup_s=[s.get("arena_setup_s") for s in status])
+        rec["cycles"] = cycles(node, args.cycles)
+        if ref is not None:
+            out, err = ref.communicate(timeout=600)
+            rec["reference"] = out.splitlines() if ref.returncode == 0 else None
+            rec["reference_error"] = err[-500:] if ref.returncode else None
+    except Exception as e:  # noqa: BLE001 - recorded; the programs are still finished below
+        rec["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        rec["_lines"] = node.finish()
+        if ref is not None and ref.poll() is None:
+            ref.kill()
+    return rec
+
+
+def same_as(reference: list[str] | None, lines: list[str]) -> bool:
+    """Every step and the final checksum as in the uninterrupted run."""
+    return bool(reference) and lines == reference and lines[-1].startswith("checksum")
+
+
+def plot(res: dict, path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    one, node = res["one_gpu"], res["node"]
+    if not one.get("cycles") or not node.get("cycles"):
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    labels = ["checkpoint", "restore"]
+    x = range(len(labels))
+    for off, (rec, name) in enumerate(((one, "1 GPU"), (node, f"{res['n_gpus']} GPUs together"))):
+        vals = [statistics.median(c["checkpoint_s"] for c in rec["cycles"]),
+                statistics.median(c["restore_s"] for c in rec["cycles"])]
+        ax.bar([i + off * 0.38 for i in x], vals, 0.36, label=name)
+    floor = res.get("floor_s") or {}
+    if floor:
+        ax.hlines([floor["node_out_s"], floor["node_in_s"]], [-0.2, 0.8], [0.6, 1.6], colors="k", linestyles=":",
+                  label="node bytes / summed raw pinned bandwidth")
+    ax.set_xticks([i + 0.19 for i in x], labels)
+    ax.set_ylabel("seconds (median of cycles)")
+    ax.set_title(f"{res['gib']} GiB per GPU, {res['device']}: node / one GPU = {res.get('node_vs_one_gpu')}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=40.0, help="GPU data per GPU")
+    ap.add_argument("--gpus", type=int, default=0, help="how many GPUs make the node (default: all)")
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--raw-gib", type=float, default=8.0)
+    ap.add_argument("--ready-timeout", type=float, default=300)
+    ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    topo = topology()
+    n = args.gpus or len(topo["gpus"])
+    gpus = list(range(n))
+    res: dict = {"device": topo["gpus"][0]["name"], "driver": smi_rows("driver_version")[0][0], "n_gpus": n,
+                 "gib": args.gib, "cycles_planned": args.cycles, "topology": topo,
+                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "env": {k: v for k, v in os.environ.items() if k.startswith(("GPUCR_", "NCCL_"))}}
+    out = Path(args.out)
+    res["raw_pinned"] = {"one_gpu": raw_bandwidth([0], args.raw_gib), "node": raw_bandwidth(gpus, args.raw_gib)}
+    out.write_text(json.dumps(res, indent=1))
+    print("raw pinned:", json.dumps(res["raw_pinned"])[:600], flush=True)
+    lines = {}
+    for key, use, ref_gpu in (("one_gpu", [0], 1 if n > 1 else None), ("node", gpus, None)):
+        res[key] = measure(args, use, ref_gpu)
+        lines[key] = res[key].pop("_lines")
+        res[key]["outputs_tail"] = {g: ln[-2:] for g, ln in lines[key].items()}
+        brief = {k: v for k, v in res[key].items() if k not in ("reference", "cycles")}
+        print(key, json.dumps(brief)[:800], flush=True)
+        out.write_text(json.dumps(res, indent=1, default=str))
+    reference = res["one_gpu"].pop("reference", None)
+    res["reference_steps"] = len(reference or [])
+    res["identical"] = {f"{key}/gpu{g}": same_as(reference, ln) for key in lines for g, ln in lines[key].items()}
+    one, node = res["one_gpu"].get("cycles"), res["node"].get("cycles")
+    if one and node:
+        med = lambda cs, k: statistics.median(c[k] for c in cs)  # noqa: E731
+        res["node_vs_one_gpu"] = round(med(node, "checkpoint_s") / med(one, "checkpoint_s"), 3)
+        res["node_vs_one_gpu_restore"] = round(med(node, "restore_s") / med(one, "restore_s"), 3)
+        raw = res["raw_pinned"]["node"]
+        if "sum_d2h_GBps" in raw:
+            gb = node[-1]["bytes"] / 1e9
+            res["floor_s"] = {"node_out_s": round(gb / raw["sum_d2h_GBps"], 3),
+                              "node_in_s": round(gb / raw["sum_h2d_GBps"], 3)}
+    res["plot"] = plot(res, out.with_suffix(".png"))
+    out.write_text(json.dumps(res, indent=1, default=str))
+    print(json.dumps({k: res.get(k) for k in ("n_gpus", "gib", "node_vs_one_gpu", "node_vs_one_gpu_restore",
+                                               "identical", "floor_s")}), flush=True)
+    ok = res.get("node_vs_one_gpu") is not None and all(res["identical"].values()) and res["identical"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
