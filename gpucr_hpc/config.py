@@ -156,6 +156,12 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GPUCR_COPY_WAIT", "choice", "block",
        "How a copy thread waits for its GPU copy: `block` sleeps until it is done; `spin` polls.",
        "shim", choices=("block", "spin")),
+    _s("GPUCR_NUMA", "flag", "1",
+       "`0`: the host arena and the copy threads are not placed on the GPU's NUMA node. By default each new "
+       "arena segment prefers the GPU's node (memory of another node when it is full) and the copy threads "
+       "run on the node's CPUs that the process may use; nothing changes where the machine has one node or "
+       "the GPU's node is unknown. The shim's status says the node (`numa_node`, -1: none).",
+       "shim"),
     _s("GPUCR_YIELD_ON_TSTP", "flag", "1",
        "`0`: GPU memory is not yielded on SIGTSTP ([Suspend](user.md#suspend)).",
        "shim"),

@@ -6,7 +6,8 @@
  * outlive the process), and registered with the driver (pinned) only when the
  * caller passes a register function (GPUCR_ARENA_PIN; datapath.c says why not by
  * default). The arena only grows, by one segment at a time, so the same
- * footprint checkpointed again reuses the same memory. */
+ * footprint checkpointed again reuses the same memory. Each segment prefers the
+ * GPU's NUMA node, and its fault threads run there (numa.c). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -105,6 +106,13 @@ static void *fault_thread(void *arg)
     return NULL;
 }
 
+/* Our own threads only: the caller's affinity (the program's) is left alone. */
+static void *fault_thread_pinned(void *arg)
+{
+    gpucr_numa_pin_thread();
+    return fault_thread(arg);
+}
+
 /* Pre-faults [p, p+size) with up to MAX_FAULT_THREADS threads: 0, or an errno
  * (EINVAL: the kernel has no MADV_POPULATE_WRITE; ENOMEM/EFAULT: no room). */
 static int prefault(char *p, size_t size)
@@ -124,7 +132,7 @@ static int prefault(char *p, size_t size)
         size_t off = (size_t)i * slice;
         jobs[i] = (struct fault_job){p + off, off < size ? (size - off < slice ? size - off : slice) : 0, 0};
         if (jobs[i].size && i > 0)
-            started[i] = pthread_create(&th[i], NULL, fault_thread, &jobs[i]) == 0;
+            started[i] = pthread_create(&th[i], NULL, fault_thread_pinned, &jobs[i]) == 0;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     for (int i = 1; i < n; i++) /* the ones that did not start, here */
@@ -162,6 +170,8 @@ static void *map_new_file(struct seg *s, size_t size, void *at)
     }
     void *p = mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | (at ? MAP_FIXED : 0), fd, 0);
     int e = errno;
+    if (p != MAP_FAILED) /* before any page is touched; a shared file keeps the policy */
+        gpucr_numa_bind(p, size);
     if (p != MAP_FAILED && (e = prefault(p, size)) == EINVAL) { /* an old kernel */
         p = mmap(p, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE | MAP_FIXED, fd, 0);
         e = errno;
@@ -489,6 +499,7 @@ int gpucr_arena_detach(gpucr_register_fn unreg)
 int gpucr_arena_attach(gpucr_register_fn reg)
 {
     int rc = 0;
+    gpucr_numa_reset(NULL); /* restored, perhaps on another machine: its GPU's node */
     pthread_mutex_lock(&grow_mu);
     pthread_mutex_lock(&mu);
     double t0 = gpucr_now();

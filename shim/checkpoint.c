@@ -374,6 +374,8 @@ void gpucr_cmd_status(struct jbuf *out)
     jb_i64(out, "arena_segments", gpucr_arena_segments());
     jb_str(out, "arena_dir", gpucr_arena_dir());
     jb_bool(out, "arena_hugetlb", gpucr_arena_is_hugetlb());
+    jb_i64(out, "numa_node", gpucr_numa_node_known());
+    jb_str(out, "numa_error", gpucr_numa_error());
     jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() + gpucr_staging_seconds() + gpucr_arena_helper_seconds());
     jb_f64(out, "helper_setup_s", gpucr_arena_helper_seconds());
     jb_bool(out, "arena_ready", gpucr_arena_ready());

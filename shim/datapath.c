@@ -17,7 +17,8 @@
  * also less pinned memory for the driver checkpoint to handle.
  * Direct (GPUCR_ARENA_PIN=1): the arena is pinned once at start-up and the copy
  * engines read and write it directly; best where no driver checkpoint follows
- * (the SIGTSTP yield), slower control where one does. */
+ * (the SIGTSTP yield), slower control where one does.
+ * The workers run on the GPU's NUMA node, where the arena is (numa.c). */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <signal.h>
@@ -297,6 +298,7 @@ static void *worker(void *arg)
 {
     struct pipe *pp = arg;
     gpucr_drv.cuCtxSetCurrent(pp->ctx0);
+    gpucr_numa_pin_thread(); /* after the context: it names the GPU */
     pthread_mutex_lock(&pp->mu);
     while (!pp->abort && pp->next < pp->n) {
         size_t i = pp->next++;

@@ -35,7 +35,8 @@ typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuu
     ENTRY(cuMemPoolImportFromShareableHandle) ENTRY(cuMemPoolExportPointer)                          \
     ENTRY(cuMemPoolImportPointer) ENTRY(cuGetProcAddress_v2) ENTRY(cuEventCreate)                    \
     ENTRY(cuEventRecord) ENTRY(cuEventSynchronize) ENTRY(cuMemHostAlloc) ENTRY(cuDeviceGetCount)     \
-    ENTRY(cuDeviceGet) ENTRY(cuDeviceGetUuid_v2) ENTRY(cuMulticastCreate)
+    ENTRY(cuDeviceGet) ENTRY(cuDeviceGetUuid_v2) ENTRY(cuMulticastCreate)                            \
+    ENTRY(cuDeviceGetPCIBusId)
 
 struct gpucr_driver {
 #define GPUCR_FIELD(fn) __typeof__(&fn) fn;
@@ -78,6 +79,7 @@ extern unsigned long gpucr_multicast; /* multicast objects made (NVLS): never re
 
 void gpucr_ipc_forget(uint64_t vhandle); /* an exported allocation is freed */
 void gpucr_note_context(void); /* remember the calling thread's current context */
+int gpucr_gpu_busid(char *busid, size_t len); /* numa_gpu.c: for gpucr_numa_gpu_busid */
 void gpucr_checkpoint_after_fork_child(void);
 
 /* datapath.c: allocation contents to/from the host arena (p->host, p->copy_va) */

@@ -18,6 +18,7 @@ static void after_fork_child(void)
     gpucr_gate_after_fork_child();
     gpucr_table_after_fork_child();
     gpucr_arena_after_fork_child();
+    gpucr_numa_after_fork_child();
     gpucr_checkpoint_after_fork_child();
     gpucr_arena_ready_after_fork_child();
     gpucr_tstp_after_fork_child();
@@ -32,6 +33,7 @@ __attribute__((constructor)) static void gpucr_init(void)
     if (enabled("GPUCR_DISABLE", 0))
         return;
     gpucr_vmm_backing = enabled("GPUCR_VMM_BACKING", 1);
+    gpucr_numa_gpu_busid = gpucr_gpu_busid; /* asked only once a context is current */
     gpucr_datapath_init();
     const char *arena = getenv("GPUCR_ARENA_DIR");
     if (gpucr_arena_configure(arena) < 0) {
