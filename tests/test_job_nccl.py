@@ -23,17 +23,21 @@ from gpucr_hpc.store.files import tree_digest  # noqa: E402
 FAKE = REPO / "tests" / "nccl_fake"
 
 
-def nccl_job(workdir, steps: int):
+def nccl_job(workdir, steps: int, in_batch: bool = False):
+    """in_batch: the script starts both ranks itself (one node, no srun step)."""
     for cmd in (["cc", "-O2", "-shared", "-fPIC", "-o", str(workdir / "libnccl.so.2"), str(FAKE / "fake_nccl.c")],
                 ["cc", "-O2", "-pthread", "-o", str(workdir / "ranks"), str(FAKE / "ranks.c"), f"-L{workdir}",
                  "-l:libnccl.so.2", f"-Wl,-rpath,{workdir}"]):
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
     script = workdir / "job.sh"
+    rank = f"{workdir}/ranks {{}} 2 {workdir} {steps} 20000"
+    ranks = (f"{rank.format(0)} & {rank.format(1)} & wait" if in_batch else
+             f"srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {rank.format('$SLURM_PROCID')}'")
     script.write_text(f"""#!/bin/bash
 export FAKE_NCCL_LOG={workdir}/nccl.log FAKE_NCCL_BROKEN={workdir}/broken
 echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
-srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {workdir}/ranks $SLURM_PROCID 2 {workdir} {steps} 20000'
+{ranks}
 echo "after srun rc=$?"
 """)
     return script
@@ -44,9 +48,10 @@ def logged(workdir, what: str) -> int:
     return sum(1 for line in p.read_text().splitlines() if line.startswith(what + " ")) if p.exists() else 0
 
 
-def start(slurm_cluster, workdir, steps):
+def start(slurm_cluster, workdir, steps, in_batch: bool = False):
     out = workdir / "job.out"
-    jobid = slurm_cluster.sbatch(nccl_job(workdir, steps), "--gpucr=on", "-N2", "--ntasks-per-node=1", "-o", str(out))
+    layout = ["-N1"] if in_batch else ["-N2", "--ntasks-per-node=1"]
+    jobid = slurm_cluster.sbatch(nccl_job(workdir, steps, in_batch), "--gpucr=on", *layout, "-o", str(out))
     slurm_cluster.wait_state(jobid, "RUNNING")
     ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
     wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), timeout=60, what="both ranks to step",
@@ -140,6 +145,41 @@ def test_communicators_that_cannot_be_rebuilt_hold_the_job_and_a_later_restore_r
         broken.unlink()
         r = gpucr(slurm_cluster, "restore", jobid, "--from", "1")
         assert "restoring from gen-1" in r.stdout
+        stepping(ranks, "stepping after the restore", out)
+        assert tree_digest(gen) == before, "the failed restore changed the image"
+        finished(slurm_cluster, jobid, out, ranks, steps, restarts="2")
+    finally:
+        broken.unlink(missing_ok=True)
+        slurm_cluster.run("scancel", jobid, check=False)
+
+
+def running_ranks(workdir) -> list[str]:
+    r = subprocess.run(["pgrep", "-af", f"{workdir}/ranks "], capture_output=True, text=True)
+    return r.stdout.splitlines()
+
+
+def test_ranks_of_the_batch_script_itself_are_rebuilt_or_ended_and_held(slurm_cluster, workdir):
+    """Both ranks started by the script itself, in the batch unit: a preemption
+    whose restore cannot rebuild their communicators ends the restored tree and
+    holds the job (no rank left running, the image unchanged); a later restore
+    rebuilds them and every step counts once."""
+    steps = 400
+    jobid, out, ranks = start(slurm_cluster, workdir, steps, in_batch=True)
+    broken = workdir / "broken"
+    try:
+        broken.touch()
+        gpucr(slurm_cluster, "preempt", jobid)
+        comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
+        wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
+                 what="the job to be held with the reason", detail=lambda: comment() + output_of(out))
+        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=180)
+        assert "held" in info["Reason"], info
+        wait_for(lambda: not running_ranks(workdir), timeout=30, what="the restored ranks to end",
+                 detail=lambda: running_ranks(workdir))
+        gen = slurm_cluster.state / "images" / jobid / "gen-1"
+        before = tree_digest(gen)
+        broken.unlink()
+        gpucr(slurm_cluster, "restore", jobid, "--from", "1")
         stepping(ranks, "stepping after the restore", out)
         assert tree_digest(gen) == before, "the failed restore changed the image"
         finished(slurm_cluster, jobid, out, ranks, steps, restarts="2")

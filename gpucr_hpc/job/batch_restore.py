@@ -36,6 +36,7 @@ from pathlib import Path
 
 from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
+from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.job import generations, nccl_ranks, rank_connections, restore_cap
@@ -229,9 +230,15 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
                                          lock=lock)
     finally:
         remove_created(created)  # the restored shell holds it open by now
-    register(site.job_run_dir(jobid), unit, rep["pid"])
     if unit["name"] == "batch" and unit.get("nccl"):  # the script's own ranks: all in this tree
-        nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir, reload=True)
+        try:
+            nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir, reload=True)
+        except GpucrError:
+            # ranks without communicators cannot run on; the job is held by the caller,
+            # and its hold must not be what ends them (it may fail)
+            end_tree(rep["pid"], rep["_launcher"])
+            raise
+    register(site.job_run_dir(jobid), unit, rep["pid"])
     return rep
 
 
