@@ -96,7 +96,8 @@ def test_suspend_resume_and_checkpoint_of_a_two_node_nccl_job(slurm_cluster, wor
 
 def test_a_preempted_nccl_job_is_restored_with_its_communicators_rebuilt(slurm_cluster, workdir):
     """The second time, one of its nodes drained: its ranks move, and NCCL's host
-    state (the stand-in keeps its first host, as NCCL does) must be made anew."""
+    state (the stand-in keeps its first host, as NCCL does) must be made anew.
+    Then suspended and resumed: a restored job is cut and rebuilt like any other."""
     steps = 500
     jobid, out, ranks = start(slurm_cluster, workdir, steps)
     drained = None
@@ -113,6 +114,12 @@ def test_a_preempted_nccl_job_is_restored_with_its_communicators_rebuilt(slurm_c
         assert drained not in slurm_cluster.run("scontrol", "show", "hostnames",
                                                 slurm_cluster.job(jobid)["NodeList"]).stdout.split()
         assert logged(workdir, "destroy") >= 4 * 2
+        # restored by CRIU, its NCCL a fresh copy: the ranks are cut and rebuilt as before
+        destroyed = logged(workdir, "destroy")
+        gpucr(slurm_cluster, "suspend", jobid)
+        assert logged(workdir, "destroy") == destroyed + 4
+        gpucr(slurm_cluster, "resume", jobid)
+        stepping(ranks, "stepping after a suspend of the restored job", out)
         finished(slurm_cluster, jobid, out, ranks, steps, restarts="2")
     finally:
         if drained:
