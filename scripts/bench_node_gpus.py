@@ -121,7 +121,7 @@ class Node:
         prog = " ".join(shlex.quote(x) for x in (args.cuda_bin, str(STEPS), str(args.gib), str(PACE_MS)))
         body = "; ".join(f"CUDA_VISIBLE_DEVICES={g} {prog} >{work}/out.{g} 2>{work}/err.{g} &" for g in gpus)
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        env["GPUCR_RUN_DIR"] = str(run_dir)
+        env.update(GPUCR_RUN_DIR=str(run_dir), GPUCR_SHIM=str(REPO / "shim" / "libgpucr-cuda.so"), PYTHONPATH=str(REPO))
         self.p = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "run", "--arena-size", "auto", "--",
                                    "bash", "-c", f"{body} wait"], env=env, stderr=subprocess.PIPE, text=True)
 
