@@ -296,10 +296,10 @@ SETTINGS: tuple[Setting, ...] = (
        "`loopback`: the test cluster's nodes share 127.0.0.1 instead of a network namespace and an address each "
        "(also what `up` falls back to where namespaces or the bridge cannot be made).", "scripts",
        set_by=("test", "scripts"), choices=("netns", "loopback")),
-    _s("GPUCR_TESTCLUSTER_GPUS", "choice", "all",
-       "`split`: each test-cluster node has one GPU of its own (node i the machine's GPU i mod count), so that "
-       "NCCL sees one-GPU hosts and a moved rank lands on another GPU; `all`: every node has all of them.",
-       "scripts", set_by=("test", "scripts"), choices=("all", "split")),
+    _s("GPUCR_TESTCLUSTER_GPUS", "text", "all",
+       "`all`: every test-cluster node has all the machine's GPUs; counts such as `2,1,1`: each node has that many "
+       "of its own, dealt out in order (`split`: one each), so that NCCL sees separate hosts and a moved rank "
+       "lands on another GPU.", "scripts", set_by=("test", "scripts")),
     _s("GPUCR_SLURM_PREFIX", "path", None,
        "A Slurm unpacked under this dir (`scripts/fetch-slurm-debs`) instead of the system's, for the test "
        "cluster.", "scripts", set_by=("test", "scripts"), default_doc="the system's Slurm"),
