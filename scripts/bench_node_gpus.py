@@ -119,7 +119,7 @@ class Node:
         self.gpus, self.run_dir, self.work = gpus, run_dir, work
         self.program = Path(args.cuda_bin).name
         prog = " ".join(shlex.quote(x) for x in (args.cuda_bin, str(STEPS), str(args.gib), str(PACE_MS)))
-        body = "; ".join(f"CUDA_VISIBLE_DEVICES={g} {prog} >{work}/out.{g} 2>{work}/err.{g} &" for g in gpus)
+        body = " ".join(f"CUDA_VISIBLE_DEVICES={g} {prog} >{work}/out.{g} 2>{work}/err.{g} &" for g in gpus)
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         env.update(GPUCR_RUN_DIR=str(run_dir), GPUCR_SHIM=str(REPO / "shim" / "libgpucr-cuda.so"), PYTHONPATH=str(REPO))
         self.p = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "run", "--arena-size", "auto", "--",
@@ -141,8 +141,7 @@ class Node:
         return [k for k in kids if exe_name(k) == self.program]
 
     def steps(self, g: int) -> int:
-        p = self.work / f"out.{g}"
-        return sum(1 for ln in p.read_text().splitlines() if ln.startswith("step ")) if p.exists() else 0
+        return sum(1 for ln in self.output(g) if ln.startswith("step "))
 
     def ready(self, timeout: float) -> list[dict]:
         """Each program's shim status once its arena is grown to its data."""
@@ -170,7 +169,11 @@ class Node:
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
-        return {g: (self.work / f"out.{g}").read_text().splitlines() for g in self.gpus}
+        return {g: self.output(g) for g in self.gpus}
+
+    def output(self, g: int) -> list[str]:
+        p = self.work / f"out.{g}"
+        return p.read_text().splitlines() if p.exists() else []
 
 
 PROCESS_KEYS = ("pid", "bytes", "prepare_s", "copy_s", "release_s", "copy_threads", "data_path")
