@@ -5,10 +5,18 @@
  * Like NCCL, it keeps the host it first ran on (NCCL: its bootstrap interface
  * and address) and fails to make a communicator on any other. While the file
  * FAKE_NCCL_BROKEN names exists, it makes none at all (a node whose network
- * NCCL cannot use). */
+ * NCCL cannot use). As NCCL's bootstrap does, a communicator made by
+ * ncclCommInitRank connects its ranks over TCP (rank 0 listens at the address
+ * in the unique id), and its finalize is a barrier over those connections:
+ * a finalize whose peers cannot be reached waits, as NCCL's does. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 typedef int ncclResult_t;
@@ -16,12 +24,20 @@ typedef struct {
     char internal[128];
 } ncclUniqueId;
 
+#define MAX_PEERS 8
 struct fake_comm {
     unsigned magic;
     int serial, nranks, rank, destroyed;
     long ops;
+    int peers[MAX_PEERS]; /* rank 0: one connection per other rank; else [0]: to rank 0; -1: none */
 };
 #define MAGIC 0xfa4ecc1u
+
+/* The listening sockets of the unique ids this process made (rank 0's). */
+static struct {
+    char id[128];
+    int fd;
+} roots[64];
 
 static int serials;
 static char first_host[256];
@@ -70,22 +86,121 @@ static struct fake_comm *use(void *comm)
     ret name params __attribute__((weak, alias("p" #name), visibility("default")));     \
     ret p##name params
 
+/* This host's address as its name resolves (a test-cluster node's own), else loopback. */
+static struct in_addr host_addr(void)
+{
+    char name[256] = "";
+    struct addrinfo hints = {.ai_family = AF_INET}, *res = NULL;
+    struct in_addr a = {htonl(INADDR_LOOPBACK)};
+    gethostname(name, sizeof name);
+    if (getaddrinfo(name, NULL, &hints, &res) == 0 && res) {
+        a = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+        freeaddrinfo(res);
+    }
+    return a;
+}
+
 EXPORT(ncclResult_t, ncclGetUniqueId, (ncclUniqueId *id))
 {
     if (same_host())
         return 2; /* ncclSystemError */
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr = host_addr()};
+    socklen_t len = sizeof sa;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(fd, MAX_PEERS) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) < 0)
+        return 2;
     memset(id, 0, sizeof *id);
-    snprintf(id->internal, sizeof id->internal, "fake-%d-%d-%ld", (int)getpid(), serials++, random());
+    snprintf(id->internal, sizeof id->internal, "fake-%d-%d-%ld@%s:%d", (int)getpid(), serials++, random(),
+             inet_ntoa(sa.sin_addr), ntohs(sa.sin_port));
+    for (int i = 0; i < 64; i++)
+        if (!roots[i].id[0]) {
+            snprintf(roots[i].id, sizeof roots[i].id, "%s", id->internal);
+            roots[i].fd = fd;
+            break;
+        }
     return 0;
+}
+
+/* Rank 0 takes a connection from every other rank at its id's listening socket;
+ * the others connect to the address in the id. */
+static int connect_ranks(struct fake_comm *c, const char *id)
+{
+    for (int i = 0; i < MAX_PEERS; i++)
+        c->peers[i] = -1;
+    if (c->nranks > MAX_PEERS)
+        return -1;
+    if (c->rank == 0) {
+        int listen_fd = -1;
+        for (int i = 0; i < 64; i++)
+            if (roots[i].id[0] && !strcmp(roots[i].id, id)) {
+                listen_fd = roots[i].fd;
+                roots[i].id[0] = 0;
+            }
+        if (listen_fd < 0)
+            return -1;
+        for (int r = 1; r < c->nranks; r++)
+            if ((c->peers[r] = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC)) < 0)
+                return -1;
+        close(listen_fd);
+        return 0;
+    }
+    const char *at = strchr(id, '@');
+    char host[64];
+    int port;
+    if (!at || sscanf(at + 1, "%63[^:]:%d", host, &port) != 2)
+        return -1;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((unsigned short)port)};
+    inet_aton(host, &sa.sin_addr);
+    for (int tries = 0; tries < 2000; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+            c->peers[0] = fd;
+            return 0;
+        }
+        close(fd);
+        usleep(10000);
+    }
+    return -1;
+}
+
+/* Every rank's byte to rank 0, then rank 0's to every rank: a finalize waits for its peers. */
+static void barrier(struct fake_comm *c)
+{
+    char b = 1;
+    if (c->rank == 0) {
+        for (int r = 1; r < c->nranks; r++)
+            if (c->peers[r] >= 0 && read(c->peers[r], &b, 1) != 1)
+                return;
+        for (int r = 1; r < c->nranks; r++)
+            if (c->peers[r] >= 0 && write(c->peers[r], &b, 1) != 1)
+                return;
+    } else if (c->peers[0] >= 0 && write(c->peers[0], &b, 1) == 1) {
+        (void)!read(c->peers[0], &b, 1);
+    }
+}
+
+static void disconnect(struct fake_comm *c)
+{
+    for (int i = 0; i < MAX_PEERS; i++)
+        if (c->peers[i] >= 0) {
+            close(c->peers[i]);
+            c->peers[i] = -1;
+        }
 }
 
 EXPORT(ncclResult_t, ncclCommInitRank, (void **comm, int nranks, ncclUniqueId id, int rank))
 {
-    (void)id;
     if (same_host())
         return 2;
     struct fake_comm *c = calloc(1, sizeof *c);
-    *c = (struct fake_comm){MAGIC, serials++, nranks, rank, 0, 0};
+    *c = (struct fake_comm){MAGIC, serials++, nranks, rank, 0, 0, {0}};
+    if (connect_ranks(c, id.internal) != 0) {
+        fprintf(stderr, "fake nccl: rank %d could not reach its peers (%s)\n", rank, id.internal);
+        disconnect(c);
+        free(c);
+        return 2;
+    }
     *comm = c;
     note("init", c);
     return 0;
@@ -107,7 +222,9 @@ EXPORT(ncclResult_t, ncclCommSplit, (void *comm, int color, int key, void **newc
         return 0;
     }
     struct fake_comm *c = calloc(1, sizeof *c);
-    *c = (struct fake_comm){MAGIC, serials++, p->nranks, p->rank, 0, 0};
+    *c = (struct fake_comm){MAGIC, serials++, p->nranks, p->rank, 0, 0, {0}};
+    for (int i = 0; i < MAX_PEERS; i++)
+        c->peers[i] = -1; /* a split talks through its parent's connections here */
     *newcomm = c;
     note("split", c);
     return 0;
@@ -122,7 +239,9 @@ EXPORT(ncclResult_t, ncclAllReduce, (const void *s, void *r, size_t n, int dt, i
 
 EXPORT(ncclResult_t, ncclCommFinalize, (void *comm))
 {
-    note("finalize", use(comm));
+    struct fake_comm *c = use(comm);
+    barrier(c);
+    note("finalize", c);
     return 0;
 }
 
@@ -130,6 +249,7 @@ EXPORT(ncclResult_t, ncclCommDestroy, (void *comm))
 {
     struct fake_comm *c = use(comm);
     note("destroy", c);
+    disconnect(c);
     c->destroyed = 1; /* kept, so that a later use is caught */
     return 0;
 }
