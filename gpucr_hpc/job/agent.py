@@ -126,22 +126,25 @@ def resume_held(gen_dir: Path, units: list[dict]) -> list[str]:
     return errors
 
 
-def survey(job: dict) -> tuple[Path, list[Unit], list[Socket]]:
-    """This node's run dir, units and their TCP sockets."""
+def survey(job: dict) -> tuple[Path, list[Unit]]:
+    """This node's run dir and units, each one checkpointable."""
     site = load_site()
     node = node_name()
     run_dir = site.job_run_dir(job["id"], node)
     os.environ["GPUCR_RUN_DIR"] = str(run_dir)  # where the job's shims have their sockets
     units = local_units(run_dir, node)
-    sockets = []
     for u in units:
-        tree = criu_mod.process_tree(u.pid)
-        mpi = mpi_process(tree)
+        mpi = mpi_process(criu_mod.process_tree(u.pid))
         if mpi is not None:
             raise GpucrError(f"{u.name} on {node} is an MPI program (process {mpi} has libmpi loaded): "
                              f"MPI jobs cannot be checkpointed", "run it without --gpucr=on")
-        sockets += connections.unit_sockets(u.name, node, tree)
-    return run_dir, units, sockets
+    return run_dir, units
+
+
+def unit_sockets(units: list[Unit]) -> list[Socket]:
+    """The TCP sockets of these units' processes."""
+    node = node_name()
+    return [s for u in units for s in connections.unit_sockets(u.name, node, criu_mod.process_tree(u.pid))]
 
 
 def tcp_plans(sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
@@ -261,10 +264,28 @@ def run_checkpoint(args) -> int:
     units: list[Unit] = []
     mine: list[Socket] = []
     try:
-        run_dir, units, mine = survey(job)
+        run_dir, units = survey(job)
         rep: dict = {"ok": True}
     except GpucrError as e:
         rep = {**failed, "errors": [e.one_line()]}
+    # The NCCL ranks of every node stop at one cut and tear their communicators
+    # down first: NCCL's finalize talks to the peers over the ranks' own
+    # connections, which the lock below stops.
+    nccl: list[int] = []
+    parked = False
+    if comm.allreduce(1 if rep["ok"] else 0, op=MIN):
+        nccl = nccl_ranks.ranks_in([u.pid for u in units], run_dir)
+        why = nccl_ranks.park(comm, nccl, run_dir)
+        parked = not why
+        if why:
+            rep = {**failed, "errors": [why] if comm.rank == 0 else []}
+    elif rep["ok"]:
+        rep = {**failed, "errors": []}  # another node said why
+    if rep["ok"]:
+        try:  # after the teardown: NCCL's own connections are closed by then
+            mine = unit_sockets(units)
+        except GpucrError as e:
+            rep = {**failed, "errors": [e.one_line()]}
     # Every agent sees every unit's sockets, so all decide alike and none dumps
     # anything before the job's connections between units are locked everywhere.
     every = [connections.Socket(**d) for sent in comm.allgather([s.as_dict() for s in mine]) for d in sent]
@@ -283,21 +304,14 @@ def run_checkpoint(args) -> int:
         if comm.rank == 1 and config.fault("agent_dies_after_lock"):
             os.kill(os.getpid(), signal.SIGKILL)
     with lease:
-        nccl: list[int] = []
         if comm.allreduce(1 if rep["ok"] else 0, op=MIN) and not refusal:
-            # every agent is here: the NCCL ranks of every node stop at one cut
-            nccl = nccl_ranks.ranks_in([u.pid for u in units], run_dir)
-            why = nccl_ranks.park(comm, nccl, run_dir)
-            if why:
-                rep = {**failed, "errors": [why] if comm.rank == 0 else []}
-            else:
-                rep = prepare(job, gen_dir, units, run_dir, tcp_plans(mine, cut), stay_yielded=args.stay_yielded)
-                if not args.stay_yielded:  # the job runs on: its communicators again
-                    why = nccl_ranks.rebuild(comm, nccl, run_dir)
-                    rep["errors"] += [why] if why else []
+            rep = prepare(job, gen_dir, units, run_dir, tcp_plans(mine, cut), stay_yielded=args.stay_yielded)
         elif rep["ok"]:
             rep = {**failed, "errors": []}  # another node said why
-        return _vote_and_commit(comm, MIN, job, gen_dir, rep, nccl if args.stay_yielded else [])
+        if parked and not args.stay_yielded:  # the job runs on: its communicators again
+            why = nccl_ranks.rebuild(comm, nccl, run_dir)
+            rep["errors"] += [why] if why else []
+        return _vote_and_commit(comm, MIN, job, gen_dir, rep, nccl if parked and args.stay_yielded else [])
 
 
 def _print_reports(reports: list[dict], result: dict) -> None:
