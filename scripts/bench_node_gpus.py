@@ -234,6 +234,34 @@ def same_as(reference: list[str] | None, lines: list[str]) -> bool:
     return bool(reference) and lines == reference and lines[-1].startswith("checksum")
 
 
+def steady(cycles: list[dict], key: str) -> float:
+    """The median of a part's cycles after its first: the first pays one-time
+    costs (the driver's first checkpoint, a pinned arena's first use)."""
+    return statistics.median(c[key] for c in (cycles[1:] if len(cycles) > 1 else cycles))
+
+
+def derive(res: dict) -> None:
+    """The record's comparisons, from its cycles and raw bandwidth."""
+    one, node = res["one_gpu"].get("cycles"), res["node"].get("cycles")
+    if not (one and node):
+        return
+    for key, cs in (("one_gpu", one), ("node", node)):
+        res[key].update(first_checkpoint_s=cs[0]["checkpoint_s"], steady_checkpoint_s=steady(cs, "checkpoint_s"),
+                        steady_restore_s=steady(cs, "restore_s"))
+    res["node_vs_one_gpu"] = round(steady(node, "checkpoint_s") / steady(one, "checkpoint_s"), 3)
+    res["node_vs_one_gpu_restore"] = round(steady(node, "restore_s") / steady(one, "restore_s"), 3)
+    raw = res["raw_pinned"]
+    if "sum_d2h_GBps" in raw["node"] and "sum_d2h_GBps" in raw["one_gpu"]:
+        gb_node, gb_one = node[-1]["bytes"] / 1e9, one[-1]["bytes"] / 1e9
+        res["floor_s"] = {"node_out_s": round(gb_node / raw["node"]["sum_d2h_GBps"], 3),
+                          "node_in_s": round(gb_node / raw["node"]["sum_h2d_GBps"], 3),
+                          "one_out_s": round(gb_one / raw["one_gpu"]["sum_d2h_GBps"], 3),
+                          "one_in_s": round(gb_one / raw["one_gpu"]["sum_h2d_GBps"], 3)}
+        f = res["floor_s"]  # what the hardware allows the node against one GPU, data alone
+        res["floor_node_vs_one_gpu"] = round(f["node_out_s"] / f["one_out_s"], 3)
+        res["floor_node_vs_one_gpu_restore"] = round(f["node_in_s"] / f["one_in_s"], 3)
+
+
 def plot(res: dict, path: Path) -> bool:
     try:
         import matplotlib
@@ -248,16 +276,17 @@ def plot(res: dict, path: Path) -> bool:
     labels = ["checkpoint", "restore"]
     x = range(len(labels))
     for off, (rec, name) in enumerate(((one, "1 GPU"), (node, f"{res['n_gpus']} GPUs together"))):
-        vals = [statistics.median(c["checkpoint_s"] for c in rec["cycles"]),
-                statistics.median(c["restore_s"] for c in rec["cycles"])]
+        vals = [steady(rec["cycles"], "checkpoint_s"), steady(rec["cycles"], "restore_s")]
         ax.bar([i + off * 0.38 for i in x], vals, 0.36, label=name)
     floor = res.get("floor_s") or {}
     if floor:
         ax.hlines([floor["node_out_s"], floor["node_in_s"]], [-0.2, 0.8], [0.6, 1.6], colors="k", linestyles=":",
                   label="node bytes / summed raw pinned bandwidth")
     ax.set_xticks([i + 0.19 for i in x], labels)
-    ax.set_ylabel("seconds (median of cycles)")
-    ax.set_title(f"{res['gib']} GiB per GPU, {res['device']}: node / one GPU = {res.get('node_vs_one_gpu')}")
+    ax.set_ylabel("seconds (median of the cycles after the first)")
+    path_name = "pinned arena, direct DMA" if res.get("env", {}).get("GPUCR_ARENA_PIN") == "1" else "bounce path"
+    ax.set_title(f"{res['n_gpus']} GPUs x {res['gib']:g} GiB, {path_name}: node / one GPU = "
+                 f"{res.get('node_vs_one_gpu')} (raw floor {res.get('floor_node_vs_one_gpu')})", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -273,7 +302,14 @@ def main() -> int:
     ap.add_argument("--ready-timeout", type=float, default=300)
     ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--replot", help="a record this wrote: derive its comparisons and plot it again, to --out")
     args = ap.parse_args()
+    if args.replot:
+        rec: dict = json.loads(Path(args.replot).read_text())
+        derive(rec)
+        rec["plot"] = plot(rec, Path(args.out).with_suffix(".png"))
+        Path(args.out).write_text(json.dumps(rec, indent=1, default=str))
+        return 0
     topo = topology()
     n = args.gpus or len(topo["gpus"])
     gpus = list(range(n))
@@ -296,16 +332,7 @@ def main() -> int:
     reference = res["one_gpu"].pop("reference", None)
     res["reference_steps"] = len(reference or [])
     res["identical"] = {f"{key}/gpu{g}": same_as(reference, ln) for key in lines for g, ln in lines[key].items()}
-    one, node = res["one_gpu"].get("cycles"), res["node"].get("cycles")
-    if one and node:
-        med = lambda cs, k: statistics.median(c[k] for c in cs)  # noqa: E731
-        res["node_vs_one_gpu"] = round(med(node, "checkpoint_s") / med(one, "checkpoint_s"), 3)
-        res["node_vs_one_gpu_restore"] = round(med(node, "restore_s") / med(one, "restore_s"), 3)
-        raw = res["raw_pinned"]["node"]
-        if "sum_d2h_GBps" in raw:
-            gb = node[-1]["bytes"] / 1e9
-            res["floor_s"] = {"node_out_s": round(gb / raw["sum_d2h_GBps"], 3),
-                              "node_in_s": round(gb / raw["sum_h2d_GBps"], 3)}
+    derive(res)
     res["plot"] = plot(res, out.with_suffix(".png"))
     out.write_text(json.dumps(res, indent=1, default=str))
     print(json.dumps({k: res.get(k) for k in ("n_gpus", "gib", "node_vs_one_gpu", "node_vs_one_gpu_restore",
