@@ -36,7 +36,8 @@ long gpucr_nccl_inflight;
 long gpucr_nccl_in_group;
 __thread int gpucr_nccl_group_depth;
 
-static void *real_pncclCommFinalize, *real_pncclCommDestroy, *real_pncclGetUniqueId, *real_pncclCommInitRank,
+static void *real_pncclCommFinalize, *real_pncclCommDestroy, *real_pncclCommAbort, *real_pncclGetUniqueId,
+    *real_pncclCommInitRank,
     *real_pncclCommInitRankConfig, *real_pncclCommRegister, *real_pncclCommGetAsyncError, *real_pncclCommCount,
     *real_pncclCommUserRank;
 #define REAL(pname, type) ((type)gpucr_nccl_real(&real_##pname, #pname))
@@ -290,34 +291,41 @@ static int wait_idle(long timeout_ms)
     return 0;
 }
 
-/* A non-blocking communicator's finalize goes on in the background. */
-static ncclResult_t settle(ncclComm_t real, ncclResult_t r)
+/* Every live communicator's real one, in creation order; *n of them (NULL: none or no memory). */
+static ncclComm_t *live_reals(size_t *n)
 {
-    typedef ncclResult_t (*fn)(ncclComm_t, ncclResult_t *);
-    fn err = REAL(pncclCommGetAsyncError, fn);
-    while (r == GPUCR_NCCL_IN_PROGRESS && err) {
-        ncclResult_t e = GPUCR_NCCL_SUCCESS;
-        if (err(real, &e) != GPUCR_NCCL_SUCCESS)
-            break;
-        r = e;
-        if (r == GPUCR_NCCL_IN_PROGRESS)
-            usleep(1000);
-    }
-    return r;
+    size_t k = 0;
+    for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next)
+        k += live(vc) && vc->real;
+    ncclComm_t *out = calloc(k ? k : 1, sizeof *out);
+    *n = 0;
+    for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); out && vc; vc = vc->next)
+        if (live(vc) && vc->real)
+            out[(*n)++] = vc->real;
+    return out;
 }
 
 static void teardown(long timeout_ms, struct jbuf *out)
 {
     char why[256];
-    comm_fn fin = REAL(pncclCommFinalize, comm_fn), destroy = REAL(pncclCommDestroy, comm_fn);
+    typedef ncclResult_t (*err_fn)(ncclComm_t, ncclResult_t *);
+    struct gpucr_nccl_finalize_fns fns = {REAL(pncclCommFinalize, comm_fn), REAL(pncclCommAbort, comm_fn),
+                                          REAL(pncclCommGetAsyncError, err_fn)};
+    comm_fn destroy = REAL(pncclCommDestroy, comm_fn);
+    if (timeout_ms < 0)
+        timeout_ms = 10000;
     pthread_mutex_lock(&gpucr_nccl_mu);
     const char *bad = unrestorable(why, sizeof why);
     if (!bad && cut != CUT_PARKED && live_count())
         bad = "nccl_teardown: the process is not parked at a consistent cut";
-    if (!bad && (!fin || !destroy))
+    if (!bad && (!fns.finalize || !fns.abort || !destroy))
         bad = "nccl_teardown: this libnccl has no ncclCommFinalize (NCCL 2.14 or later is needed)";
-    if (!bad && wait_idle(timeout_ms < 0 ? 10000 : timeout_ms) != 0)
+    if (!bad && wait_idle(timeout_ms) != 0)
         bad = "nccl_teardown: an NCCL call of the application did not return in time";
+    size_t n = 0;
+    ncclComm_t *reals = bad ? NULL : live_reals(&n);
+    if (!bad && !reals)
+        bad = "nccl_teardown: out of memory";
     if (bad) {
         pthread_mutex_unlock(&gpucr_nccl_mu);
         return reply_error(out, "refused", bad);
@@ -326,24 +334,26 @@ static void teardown(long timeout_ms, struct jbuf *out)
     pthread_mutex_unlock(&gpucr_nccl_mu);
     double t0 = gpucr_now();
     ncclResult_t worst = GPUCR_NCCL_SUCCESS;
+    int finalized = gpucr_nccl_finalize_all(&fns, reals, n, timeout_ms, &worst) == 0;
+    if (finalized)
+        for (size_t i = 0; i < n; i++)
+            destroy(reals[i]);
+    free(reals);
     for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next)
-        if (live(vc) && vc->real) {
-            ncclResult_t r = settle(vc->real, fin(vc->real));
-            if (r != GPUCR_NCCL_SUCCESS)
-                worst = r;
-        }
-    size_t n = 0;
-    for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next)
-        if (live(vc) && vc->real) {
-            destroy(vc->real);
-            vc->real = NULL;
-            n++;
-        }
+        if (live(vc))
+            vc->real = NULL; /* destroyed, or aborted */
     for (struct gpucr_vreg *reg = gpucr_vreg_first(); reg; reg = reg->next)
         reg->real = NULL; /* went with their communicators */
     pthread_mutex_lock(&gpucr_nccl_mu);
-    cut = CUT_TORN_DOWN;
+    cut = CUT_TORN_DOWN; /* either way none is left: a rebuild makes them anew */
     pthread_mutex_unlock(&gpucr_nccl_mu);
+    if (!finalized) {
+        snprintf(why, sizeof why,
+                 "nccl_teardown: NCCL's finalize did not end in %ld ms (a peer that does not finalize?): "
+                 "the communicators were aborted", timeout_ms);
+        gpucr_log("nccl: %s", why);
+        return reply_error(out, "aborted", why);
+    }
     jb_begin(out);
     jb_bool(out, "ok", 1);
     jb_u64(out, "torn_down", n);

@@ -77,6 +77,17 @@ extern const char *gpucr_nccl_foreign; /* the first entry point given a communic
  * straight through: NCCL may call its public names itself. */
 extern __thread int gpucr_nccl_inner;
 
+/* nccl_finalize.c: finalizes the n communicators in order within timeout_ms: 0
+ * (*worst: the worst finalize result; destroy them next), or -1 (the deadline
+ * passed: every one was aborted, so none is left to destroy). */
+struct gpucr_nccl_finalize_fns {
+    ncclResult_t (*finalize)(ncclComm_t);
+    ncclResult_t (*abort)(ncclComm_t);
+    ncclResult_t (*async_error)(ncclComm_t, ncclResult_t *); /* NULL: none */
+};
+int gpucr_nccl_finalize_all(const struct gpucr_nccl_finalize_fns *fns, ncclComm_t *comms, size_t n, long timeout_ms,
+                            ncclResult_t *worst);
+
 /* nccl_cut.c */
 int gpucr_nccl_must_park(void); /* gpucr_nccl_mu held: an operation waits */
 int gpucr_nccl_parked(void);    /* gpucr_nccl_mu held: every call waits */

@@ -195,3 +195,26 @@ def test_status_lists_each_rank_with_its_communicators_and_its_cut(ranks_program
         job.finish()
     finally:
         job.kill()
+
+
+def test_a_finalize_that_does_not_end_is_aborted_in_time_and_the_ranks_are_rebuilt(ranks_program, tmp_path):
+    """Rank 0 torn down alone: NCCL's finalize waits for a peer that never comes
+    (here rank 1, parked). The teardown gives up at its deadline with one line,
+    the communicators aborted, and the shim still answers: the agents' undo
+    then tears rank 1 down too, rebuilds both, and the job runs to its end."""
+    job = Job(ranks_program, tmp_path, steps=400)
+    try:
+        pids = job.ranks()
+        nccl_cut.cut(pids, job.run_dir)
+        t = time.monotonic()
+        with pytest.raises(GpucrError) as e:
+            nccl_cut.teardown(pids[:1], job.run_dir, timeout_ms=2000)
+        took = time.monotonic() - t
+        assert "did not end" in str(e.value) and "aborted" in str(e.value), str(e.value)
+        assert took < 30, f"the teardown took {took:.1f} s"
+        nccl_cut.undo(pids, job.run_dir)
+        at = [job.done(r) for r in (0, 1)]
+        job.wait(lambda: all(job.done(r) > a + 5 for r, a in zip((0, 1), at)), "both ranks to step again")
+        job.finish()
+    finally:
+        job.kill()

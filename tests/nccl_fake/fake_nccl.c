@@ -241,6 +241,10 @@ EXPORT(ncclResult_t, ncclCommFinalize, (void *comm))
 {
     struct fake_comm *c = use(comm);
     barrier(c);
+    if (c->destroyed) { /* aborted meanwhile: its connections are ours to close */
+        disconnect(c);
+        return 5; /* ncclInternalError */
+    }
     note("finalize", c);
     return 0;
 }
@@ -254,7 +258,18 @@ EXPORT(ncclResult_t, ncclCommDestroy, (void *comm))
     return 0;
 }
 
-EXPORT(ncclResult_t, ncclCommAbort, (void *comm)) { return pncclCommDestroy(comm); }
+/* As NCCL's: callable while another thread is blocked in the communicator (its
+ * finalize's barrier), which it lets go. */
+EXPORT(ncclResult_t, ncclCommAbort, (void *comm))
+{
+    struct fake_comm *c = use(comm);
+    for (int i = 0; i < MAX_PEERS; i++)
+        if (c->peers[i] >= 0)
+            shutdown(c->peers[i], SHUT_RDWR);
+    note("abort", c);
+    c->destroyed = 1;
+    return 0;
+}
 
 EXPORT(ncclResult_t, ncclCommGetAsyncError, (void *comm, ncclResult_t *err))
 {
