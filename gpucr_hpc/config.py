@@ -388,6 +388,14 @@ def value(name: str, env: Mapping[str, str] | None = None, required: bool = Fals
 _fired: set[str] = set()
 
 
+INSTALL_PREFIX = "/opt/gpucr-hpc"  # the top-level Makefile's PREFIX
+
+
+def installed(*parts: str) -> str:
+    """A path of the installed parts: under $GPUCR_PREFIX, else the Makefile's default prefix."""
+    return os.path.join(value("GPUCR_PREFIX") or INSTALL_PREFIX, *parts)
+
+
 def fault(name: str) -> bool:
     """True once per process for a test fault that GPUCR_FAULTS names; False otherwise.
     Only the names in FAULTS exist (a ValueError for others: a typo in the code)."""

@@ -11,12 +11,9 @@ from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.slurm import commands as slurm
 
-DEFAULT_DOOR = "/opt/gpucr-hpc/libexec/gpucr-operator"
-
 
 def door_path() -> str:
-    prefix = config.value("GPUCR_PREFIX")
-    return os.path.join(prefix, "libexec", "gpucr-operator") if prefix else DEFAULT_DOOR
+    return config.installed("libexec", "gpucr-operator")
 
 
 def _open_to_me(door: str) -> bool:

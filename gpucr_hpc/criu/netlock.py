@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from gpucr_hpc import config, tcp_end
 from gpucr_hpc.errors import GpucrError
 
-DEFAULT_PREFIX = "/opt/gpucr-hpc"
 INSTALL_FIX = "run scripts/install-deps (as root): it installs nft with CRIU 4.2"
 TABLE_PREFIX = "gpucr_"
 _NAME = re.compile(r"[A-Za-z0-9_]+")
@@ -55,8 +54,7 @@ class Flow:
 
 def nft_command() -> list[str]:
     """The nft to run: the one installed with CRIU, else the system's."""
-    prefix = config.value("GPUCR_PREFIX") or DEFAULT_PREFIX
-    wrapper = os.path.join(prefix, "bin", "gpucr-nft")
+    wrapper = config.installed("bin", "gpucr-nft")
     if os.access(wrapper, os.X_OK):
         return [wrapper]
     on_path = shutil.which("nft")

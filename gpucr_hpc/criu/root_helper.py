@@ -21,16 +21,13 @@ from gpucr_hpc.criu.netlock import Flow, Spec
 from gpucr_hpc.criu.run import Restored, criu_env, process_tree
 from gpucr_hpc.errors import GpucrError
 
-DEFAULT_HELPER = "/opt/gpucr-hpc/libexec/gpucr-criu-root"
 RESULT = "result.json"
 INSTALL_FIX = ("install the root helper and its sudo rule on every node: make install (as root); "
                "see the admin guide, 'Ordinary users'")
 
 
 def helper_path() -> str:
-    prefix = config.value("GPUCR_PREFIX")
-    return config.value("GPUCR_CRIU_HELPER") or (
-        os.path.join(prefix, "libexec", "gpucr-criu-root") if prefix else DEFAULT_HELPER)
+    return config.value("GPUCR_CRIU_HELPER") or config.installed("libexec", "gpucr-criu-root")
 
 
 def _sudo(op: str, flags: list[str], needs: str = "CRIU needs root") -> list[str]:

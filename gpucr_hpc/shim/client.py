@@ -35,7 +35,6 @@ def default_run_dir() -> Path:
     return Path(f"/tmp/gpucr-{os.getuid()}")
 
 
-DEFAULT_PREFIX = "/opt/gpucr-hpc"  # the top-level Makefile's PREFIX
 
 
 def shim_candidates() -> list[Path]:
@@ -56,7 +55,7 @@ def shim_candidates() -> list[Path]:
     except (GpucrError, ValueError):
         pass  # a plugstack.conf we cannot read: the other places still count
     out += [Path(__file__).resolve().parents[2] / "shim" / SHIM_NAME]  # a source checkout
-    out += [Path(prefix) / "lib" / "gpucr" / SHIM_NAME for prefix in (DEFAULT_PREFIX, "/usr/local", "/usr")]
+    out += [Path(prefix) / "lib" / "gpucr" / SHIM_NAME for prefix in (config.INSTALL_PREFIX, "/usr/local", "/usr")]
     return out
 
 
