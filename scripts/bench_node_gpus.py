@@ -118,6 +118,7 @@ class Node:
     def __init__(self, args, gpus: list[int], run_dir: Path, work: Path):
         self.gpus, self.run_dir, self.work = gpus, run_dir, work
         self.program = Path(args.cuda_bin).name
+        self.helper = bool(args.copy_helper)  # then every segment pinned by it first
         prog = " ".join(shlex.quote(x) for x in (args.cuda_bin, str(STEPS), str(args.gib), str(PACE_MS)))
         body = " ".join(f"CUDA_VISIBLE_DEVICES={g} {prog} >{work}/out.{g} 2>{work}/err.{g} &" for g in gpus)
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
@@ -156,7 +157,8 @@ class Node:
                 except Exception:  # noqa: BLE001 - not listening yet
                     st = []
                 if st and all(s.get("arena_ready") and s.get("gpu_bytes", 0) > 0
-                              and s.get("arena_bytes", 0) >= s["gpu_bytes"] for s in st):
+                              and s.get("arena_bytes", 0) >= s["gpu_bytes"] for s in st) and all(
+                        s.get("helper_segments") == s.get("arena_segments") for s in st if self.helper):
                     return st
             time.sleep(0.2)
         raise RuntimeError("the programs' arenas were not ready in time")
@@ -284,7 +286,9 @@ def plot(res: dict, path: Path) -> bool:
                   label="node bytes / summed raw pinned bandwidth")
     ax.set_xticks([i + 0.19 for i in x], labels)
     ax.set_ylabel("seconds (median of the cycles after the first)")
-    path_name = "pinned arena, direct DMA" if res.get("env", {}).get("GPUCR_ARENA_PIN") == "1" else "bounce path"
+    env = res.get("env", {})
+    path_name = ("copy helper" if env.get("GPUCR_COPY_HELPER") else
+                 "pinned arena, direct DMA" if env.get("GPUCR_ARENA_PIN") == "1" else "bounce path")
     ax.set_title(f"{res['n_gpus']} GPUs x {res['gib']:g} GiB, {path_name}: node / one GPU = "
                  f"{res.get('node_vs_one_gpu')} (raw floor {res.get('floor_node_vs_one_gpu')})", fontsize=9)
     ax.legend(fontsize=8)
@@ -302,6 +306,8 @@ def main() -> int:
     ap.add_argument("--ready-timeout", type=float, default=300)
     ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--copy-helper", action="store_true",
+                    help="one copy helper for the node moves every program's data (GPUCR_COPY_HELPER)")
     ap.add_argument("--replot", help="a record this wrote: derive its comparisons and plot it again, to --out")
     args = ap.parse_args()
     if args.replot:
@@ -310,6 +316,23 @@ def main() -> int:
         rec["plot"] = plot(rec, Path(args.out).with_suffix(".png"))
         Path(args.out).write_text(json.dumps(rec, indent=1, default=str))
         return 0
+    helper = None
+    if args.copy_helper:
+        from gpucr_hpc.shim import copy_helper
+        helper = copy_helper.spawn(HELPER_SOCKET)
+        os.environ["GPUCR_COPY_HELPER"] = str(HELPER_SOCKET)
+    try:
+        return run(args)
+    finally:
+        if helper:
+            helper.kill()
+            helper.wait()
+
+
+HELPER_SOCKET = Path("/tmp/gpucr-node-copy-helper.sock")
+
+
+def run(args) -> int:
     topo = topology()
     n = args.gpus or len(topo["gpus"])
     gpus = list(range(n))
