@@ -72,10 +72,10 @@ def stdio_of(pid: int) -> dict[str, str]:
 
 
 def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded: bool = False,
-                    tcp: dict | None = None) -> dict:
+                    tcp: dict | None = None, nccl: int = 0) -> dict:
     """tcp: the unit's TCP connections as the cut found them ("lock": who locks them;
-    "ends", "peers": what a restore elsewhere needs to move them)."""
-    nccl = len(nccl_ranks.ranks_in([unit.pid], None))  # a restore rebuilds their communicators
+    "ends", "peers": what a restore elsewhere needs to move them); nccl: its NCCL
+    ranks, whose communicators a restore rebuilds."""
     rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, stay_yielded=stay_yielded,
                                       tcp_lock=(tcp or {}).get("lock"),
                                       on_phase=lambda phase, n: progress.emit(unit.node, unit.name, phase, n))
@@ -170,13 +170,15 @@ def tcp_plans(sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
 
 
 def prepare(job: dict, gen_dir: Path, units: list[Unit], run_dir: Path,
-            tcp: dict[str, dict] | None = None, stay_yielded: bool = False) -> dict:
+            tcp: dict[str, dict] | None = None, stay_yielded: bool = False, nccl: list[int] | None = None) -> dict:
+    """nccl: this node's NCCL ranks (torn down): each unit records how many are its own."""
     node = node_name()
     t0 = time.monotonic()
     outputs = [job.get("std_out", ""), job.get("std_err", "")]
     tcp = tcp or {}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
-        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, stay_yielded, tcp.get(u.name)) for u in units]
+        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, stay_yielded, tcp.get(u.name),
+                             len(set(nccl or []) & set(criu_mod.process_tree(u.pid)))) for u in units]
         done, errors = [], []
         for f in futures:
             try:
@@ -305,7 +307,8 @@ def run_checkpoint(args) -> int:
             os.kill(os.getpid(), signal.SIGKILL)
     with lease:
         if comm.allreduce(1 if rep["ok"] else 0, op=MIN) and not refusal:
-            rep = prepare(job, gen_dir, units, run_dir, tcp_plans(mine, cut), stay_yielded=args.stay_yielded)
+            rep = prepare(job, gen_dir, units, run_dir, tcp_plans(mine, cut), stay_yielded=args.stay_yielded,
+                          nccl=nccl)
         elif rep["ok"]:
             rep = {**failed, "errors": []}  # another node said why
         if parked and not args.stay_yielded:  # the job runs on: its communicators again
