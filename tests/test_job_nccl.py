@@ -127,6 +127,19 @@ def test_a_preempted_nccl_job_is_restored_with_its_communicators_rebuilt(slurm_c
         slurm_cluster.run("scancel", jobid, check=False)
 
 
+def preempted_while_nccl_is_broken(slurm_cluster, jobid, out, broken) -> str:
+    """Preempted with the stand-in's flag file there: the restore cannot make the
+    communicators and holds the job. Its `scontrol show job`."""
+    broken.touch()
+    gpucr(slurm_cluster, "preempt", jobid)
+    comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
+    wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
+             what="the job to be held with the reason", detail=lambda: comment() + output_of(out))
+    info = slurm_cluster.wait_state(jobid, "PENDING", timeout=180)
+    assert "held" in info["Reason"], info
+    return comment()
+
+
 def test_communicators_that_cannot_be_rebuilt_hold_the_job_and_a_later_restore_runs_it(slurm_cluster, workdir):
     """A restore whose ranks cannot make their communicators (NCCL broken on the
     nodes, here by the stand-in's flag file): the job is held with the reason,
@@ -136,14 +149,8 @@ def test_communicators_that_cannot_be_rebuilt_hold_the_job_and_a_later_restore_r
     jobid, out, ranks = start(slurm_cluster, workdir, steps)
     broken = workdir / "broken"
     try:
-        broken.touch()
-        gpucr(slurm_cluster, "preempt", jobid)
-        comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
-        wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
-                 what="the job to be held with the reason", detail=lambda: comment() + output_of(out))
-        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=180)
-        assert "held" in info["Reason"], info
-        assert "NCCL" in comment() or "ncclGetUniqueId" in comment(), comment()
+        comment = preempted_while_nccl_is_broken(slurm_cluster, jobid, out, broken)
+        assert "NCCL" in comment or "ncclGetUniqueId" in comment, comment
         gen = slurm_cluster.state / "images" / jobid / "gen-1"
         before = tree_digest(gen)
         for p in ranks:
@@ -174,13 +181,7 @@ def test_ranks_of_the_batch_script_itself_are_rebuilt_or_ended_and_held(slurm_cl
     jobid, out, ranks = start(slurm_cluster, workdir, steps, in_batch=True)
     broken = workdir / "broken"
     try:
-        broken.touch()
-        gpucr(slurm_cluster, "preempt", jobid)
-        comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
-        wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
-                 what="the job to be held with the reason", detail=lambda: comment() + output_of(out))
-        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=180)
-        assert "held" in info["Reason"], info
+        preempted_while_nccl_is_broken(slurm_cluster, jobid, out, broken)
         wait_for(lambda: not running_ranks(workdir), timeout=30, what="the restored ranks to end",
                  detail=lambda: running_ranks(workdir))
         gen = slurm_cluster.state / "images" / jobid / "gen-1"
