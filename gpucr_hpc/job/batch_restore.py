@@ -262,9 +262,7 @@ def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = N
     if not ranks:
         lock.close()
         return None
-    back_dir = gen.parent / RANKS_BACK
-    shutil.rmtree(back_dir, ignore_errors=True)  # an earlier restore's
-    back_dir.mkdir(mode=0o700)
+    job_dirs.fresh_folder(gen.parent / RANKS_BACK)
     if any(u.get("nccl") for u in ranks):
         nccl_ranks.fresh_ids_folder(gen.parent)
     where = where_now(m)

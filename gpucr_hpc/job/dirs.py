@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -97,3 +98,10 @@ def ensure(job_dir: Path, uid: int) -> Path:
                          "(plugstack.conf imageroot=) and its permissions") from e
     _open_checked(job_dir, uid, made)
     return job_dir
+
+
+def fresh_folder(folder: Path) -> Path:
+    """`folder` in a job's directory, emptied of an earlier restore's and made anew (mode 0700)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(mode=0o700)
+    return folder

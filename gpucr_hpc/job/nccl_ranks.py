@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gpucr_hpc.criu.run import process_tree
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.process import nccl_cut
 from gpucr_hpc.shim.client import ShimClient, control_socket
 
@@ -132,8 +133,4 @@ def rebuild_by_files(job_dir: Path, procid: int, n_ranks: int, pids: list[int], 
 
 def fresh_ids_folder(job_dir: Path) -> None:
     """Made empty by the batch restorer before it starts the ranks' restore tasks."""
-    import shutil
-
-    folder = job_dir / IDS_DIR
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(mode=0o700)
+    job_dirs.fresh_folder(job_dir / IDS_DIR)
