@@ -267,7 +267,8 @@ def main(argv=None) -> int:
     def terminate(signum, frame):
         raise Terminated()
 
-    signal.signal(signal.SIGTERM, terminate)  # `timeout`: the running case is ended, the JSON written
+    # `timeout`: the running case is ended, the JSON written; the caller's handler is given back at the end
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         res["raw_pinned"] = raw_pinned(args.raw_gib)
         print("raw pinned", json.dumps(res["raw_pinned"]), flush=True)
@@ -292,6 +293,7 @@ def main(argv=None) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         sweep()
+        signal.signal(signal.SIGTERM, previous)
     try:
         res["plot"] = plot(res, out.with_suffix(".png"))
     except Exception as ex:  # noqa: BLE001 - the JSON matters more

@@ -683,7 +683,7 @@ def main(argv=None) -> int:
     def terminate(signum, frame):
         raise Terminated()
 
-    signal.signal(signal.SIGTERM, terminate)
+    previous = signal.signal(signal.SIGTERM, terminate)  # given back at the end: a caller's, or a test's
     jobs: dict[str, Proc] = {}
     t0 = time.monotonic()
     try:
@@ -713,6 +713,7 @@ def main(argv=None) -> int:
             except OSError as ex:
                 res["logs_error"] = str(ex)
         Path(args.out).write_text(json.dumps(res, indent=1))
+        signal.signal(signal.SIGTERM, previous)
     print(json.dumps(res["checks"]), flush=True)
     return 0 if res["checks"] and all(res["checks"].values()) and "error" not in res else 1
 

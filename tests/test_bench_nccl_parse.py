@@ -141,10 +141,13 @@ def test_verify_end_to_end_with_a_fake_job(tmp_path, monkeypatch, hang):
     monkeypatch.setattr(v, "DriverCycler", StopCycler)
     monkeypatch.setattr(StopCycler, "hang_restore", hang)
     out = tmp_path / "v.json"
+    handler = signal.getsignal(signal.SIGTERM)
     rc = v.main(["--out", str(out), "--path", "driver", "--transport", "p2p-off", "--cycles", "2",
                  "--steps-per-cycle", "6", "--pause", "0.3", "--budget-s", "12" if hang else "60", "--reference-out",
                  str(tmp_path / "ref.json")])
     res = json.loads(out.read_text())
+    # the caller's SIGTERM handler given back: children started later must not inherit SIG_IGN
+    assert signal.getsignal(signal.SIGTERM) == handler
     assert res["nccl_transport"] == "NET" and res["checks"]["p2p_shm_off"]
     assert res["reference_step_period_s"] == pytest.approx(0.03, abs=0.02)
     if hang:
