@@ -35,6 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpucr_hpc.criu.run import process_tree  # noqa: E402
 from gpucr_hpc.process import in_place  # noqa: E402
 from gpucr_hpc.shim.client import ShimClient  # noqa: E402
 
@@ -128,17 +129,7 @@ class Node:
 
     def programs(self) -> list[int]:
         """The launcher's children (the CUDA programs)."""
-        kids: list[int] = []
-        todo = [self.p.pid]
-        while todo:
-            pid = todo.pop()
-            for t in Path(f"/proc/{pid}/task").glob("*"):
-                try:
-                    found = [int(x) for x in (t / "children").read_text().split()]
-                except OSError:
-                    continue
-                kids += found
-                todo += found
+        kids = process_tree(self.p.pid)[1:]
         return [k for k in kids if exe_name(k) == self.program]
 
     def steps(self, g: int) -> int:

@@ -44,6 +44,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from gpucr_hpc.criu.run import process_tree  # noqa: E402
+
 WORKLOADS = {"ddp": REPO / "tests" / "shim_workloads" / "ddp_nccl.py",
              "fsdp": REPO / "tests" / "shim_workloads" / "fsdp_nccl.py"}
 WORKLOAD = WORKLOADS["ddp"]
@@ -132,23 +134,8 @@ def first_difference(ref: list[str], got: list[str]) -> int | None:
 # -- processes ------------------------------------------------------------------
 
 def descendants(pid: int) -> list[int]:
-    """pid's descendants, parents first (/proc/<pid>/task/*/children)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        kids = []
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                try:
-                    with open(f"/proc/{p}/task/{task}/children") as f:
-                        kids += [int(x) for x in f.read().split()]
-                except OSError:
-                    pass
-        except OSError:
-            pass
-        out += kids
-        todo += kids
-    return out
+    """pid's descendants, parents first."""
+    return process_tree(pid)[1:]
 
 
 def uses_cuda(pid: int) -> bool:
