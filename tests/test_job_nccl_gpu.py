@@ -3,11 +3,12 @@ for bit with an uninterrupted torchrun of the same job.
 
 * One node, two GPUs, NCCL's default transports (P2P over NVLink), launched by
   `srun -n2` and by `torchrun --nproc-per-node 2`: suspended and resumed,
-  checkpointed, then preempted, requeued and restored by CRIU twice.
+  twice, checkpointed, then preempted, requeued and restored by CRIU twice.
 * Two nodes, one GPU each (a test cluster whose nodes have GPUs of their own,
-  GPUCR_TESTCLUSTER_GPUS=2,1,1 on four GPUs: NCCL sees two hosts and uses its
-  NET transport): preempted and restored, then preempted with its batch node
-  drained, so that its ranks move to another node and onto another GPU.
+  GPUCR_TESTCLUSTER_GPUS=2,1,1 on four GPUs or 1,1,1 on two: NCCL sees two
+  hosts and uses its NET transport): preempted and restored, then preempted
+  with its batch node drained, so that its ranks move to another node and rank
+  0 onto another GPU.
 
 Each test skips on a cluster that lacks its shape. Marked gpu; figures go to
 $GPUCR_RESULTS_DIR/job-nccl-gpu-*.json."""
@@ -159,11 +160,12 @@ def test_one_node_ddp_job_suspended_checkpointed_and_twice_preempted_runs_as_if_
     run = start(slurm_cluster, workdir, launch, "-N1", "--ntasks=2" if launch == "srun" else "--ntasks=1",
                 "--gres=gpu:2")
     try:
-        run.timed("suspend", "suspend")
-        run.res["suspended_mib"] = used_mib()
-        assert all(u - i <= 64 for u, i in zip(run.res["suspended_mib"], run.res["idle_mib"])), run.res
-        run.timed("resume", "resume")
-        run.stepping("steps after resume")
+        for n in (1, 2):  # with the checkpoint and the two preemptions: five cycles
+            run.timed(f"suspend_{n}", "suspend")
+            run.res[f"suspended_{n}_mib"] = used_mib()
+            assert all(u - i <= 64 for u, i in zip(run.res[f"suspended_{n}_mib"], run.res["idle_mib"])), run.res
+            run.timed(f"resume_{n}", "resume")
+            run.stepping(f"steps after resume {n}")
         run.timed("checkpoint", "checkpoint")
         run.stepping("steps after the checkpoint")
         for n in (1, 2):
@@ -175,27 +177,52 @@ def test_one_node_ddp_job_suspended_checkpointed_and_twice_preempted_runs_as_if_
         slurm_cluster.run("scancel", run.jobid, check=False)
 
 
+def node_gpus(cluster) -> dict[str, list[int]]:
+    """Which of the machine's GPUs each test-cluster node has; {} where every node has them all."""
+    f = cluster.state / "etc" / "node-gpus.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def set_node(cluster, node: str, state: str) -> None:
+    cluster.run("scontrol", "update", f"NodeName={node}", f"State={state}",
+                *(["Reason=gpucr-test"] if state == "DRAIN" else []), check=False)
+
+
 def test_two_host_ddp_job_over_net_is_restored_in_place_then_moved_to_another_node_and_gpu(slurm_cluster, workdir):
-    per_node = gpus_per_node(slurm_cluster)
-    if len(per_node) < 3 or 0 in per_node.values() or sum(per_node.values()) > len(used_mib()):
-        pytest.skip("needs 3 nodes with GPUs of their own (GPUCR_TESTCLUSTER_GPUS=split or 2,1,1)")
+    gpus = node_gpus(slurm_cluster)
+    if len(gpus) < 3 or not all(gpus.values()):
+        pytest.skip("needs 3 nodes with GPUs of their own (GPUCR_TESTCLUSTER_GPUS=1,1,1 or 2,1,1)")
+    first, second, third = list(gpus)[:3]
+    # The job starts on the first two nodes and moves to the last two. On a 2-GPU
+    # machine the third node has the first one's GPU, so it waits drained until then.
+    assert not set(gpus[first]) & set(gpus[second]) and not set(gpus[second]) & set(gpus[third]), gpus
     ref = reference(dict(ENV, **NET_ONLY))
-    run = start(slurm_cluster, workdir, "two-hosts", "-N2", "--ntasks-per-node=1", "--gres=gpu:1")
-    drained = None
+    set_node(slurm_cluster, third, "DRAIN")
+    drained = [third]
+    run = None
     try:
+        run = start(slurm_cluster, workdir, "two-hosts", "-N2", "--ntasks-per-node=1", "--gres=gpu:1")
+        run.res["node_gpus"] = gpus
         run.preempted_and_restored(1)
-        drained = slurm_cluster.job(run.jobid)["BatchHost"]
-        slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
+        # rank 0 runs on the batch node, which has one GPU of the job's
+        batch = slurm_cluster.job(run.jobid)["BatchHost"]
+        run.res["rank0_gpus_1"] = gpus[batch]
+        set_node(slurm_cluster, batch, "DRAIN")
+        drained.append(batch)
+        set_node(slurm_cluster, third, "RESUME")
+        drained.remove(third)
         run.preempted_and_restored(2)
+        moved_to = slurm_cluster.job(run.jobid)["BatchHost"]
+        run.res["rank0_gpus_2"] = gpus[moved_to]
         nodes = slurm_cluster.run("scontrol", "show", "hostnames", run.res["nodes_2"]).stdout.split()
-        assert drained not in nodes, run.res
+        assert batch not in nodes, run.res
         text = run.finished(ref, restarts=2)
         assert transports(text) == {"NET"}, f"NCCL used {transports(text)}, not NET only"
-        # the drained node's GPU is no longer among the ranks' (nodes have GPUs of their own)
         assert all(len(run.res[f"gpus_{n}"]) == 2 for n in (0, 1, 2)), run.res
-        assert run.res["gpus_2"] != run.res["gpus_1"], run.res
+        assert not set(run.res["rank0_gpus_1"]) & set(run.res["rank0_gpus_2"]), "rank 0 kept its GPU"
     finally:
-        (RESULTS / "job-nccl-gpu-two-hosts.json").write_text(json.dumps(run.res, indent=1))
-        slurm_cluster.run("scancel", run.jobid, check=False)
-        if drained:
-            slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
+        if run:
+            (RESULTS / "job-nccl-gpu-two-hosts.json").write_text(json.dumps(run.res, indent=1))
+            slurm_cluster.run("scancel", run.jobid, check=False)
+        for node in drained:
+            set_node(slurm_cluster, node, "RESUME")
