@@ -121,6 +121,11 @@ class Run:
                  timeout=300, what=f"restore {n}", detail=lambda: self.cluster.restore_log(self.jobid))
         self.res[f"restored_{n}_s"] = round(time.monotonic() - t, 3)
         self.res[f"nodes_{n}"] = job(self.jobid).get("NodeList")
+        # The output is put back as it was at the checkpoint before the ranks are
+        # restored: steps count only once both ranks hold their GPU memory again.
+        wait_for(lambda: len(busy_gpus(self.res["idle_mib"])) == 2, timeout=240, what=f"ranks on GPUs {n}",
+                 detail=lambda: self.cluster.restore_log(self.jobid))
+        self.res[f"back_{n}_s"] = round(time.monotonic() - t, 3)
         self.stepping(f"steps after restore {n}")
         self.res[f"gpus_{n}"] = busy_gpus(self.res["idle_mib"])
 
@@ -195,7 +200,8 @@ def test_two_host_ddp_job_over_net_is_restored_in_place_then_moved_to_another_no
     first, second, third = list(gpus)[:3]
     # The job starts on the first two nodes and moves to the last two. On a 2-GPU
     # machine the third node has the first one's GPU, so it waits drained until then.
-    assert not set(gpus[first]) & set(gpus[second]) and not set(gpus[second]) & set(gpus[third]), gpus
+    if set(gpus[first]) & set(gpus[second]) or set(gpus[second]) & set(gpus[third]):
+        pytest.skip(f"nodes share GPUs ({gpus}): GPUCR_TESTCLUSTER_GPUS=1,1,1 or 2,1,1")
     ref = reference(dict(ENV, **NET_ONLY))
     set_node(slurm_cluster, third, "DRAIN")
     drained = [third]
