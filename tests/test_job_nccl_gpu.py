@@ -5,7 +5,7 @@ for bit with an uninterrupted torchrun of the same job.
   `srun -n2` and by `torchrun --nproc-per-node 2`: suspended and resumed,
   twice, checkpointed, then preempted, requeued and restored by CRIU twice.
 * Two nodes, one GPU each (a test cluster whose nodes have GPUs of their own,
-  GPUCR_TESTCLUSTER_GPUS=2,1,1 on four GPUs or 1,1,1 on two: NCCL sees two
+  GPUCR_TESTCLUSTER_GPUS=2,1,1 on four GPUs or 1,1,2 on two: NCCL sees two
   hosts and uses its NET transport): preempted and restored, then preempted
   with its batch node drained, so that its ranks move to another node and rank
   0 onto another GPU.
@@ -196,12 +196,13 @@ def set_node(cluster, node: str, state: str) -> None:
 def test_two_host_ddp_job_over_net_is_restored_in_place_then_moved_to_another_node_and_gpu(slurm_cluster, workdir):
     gpus = node_gpus(slurm_cluster)
     if len(gpus) < 3 or not all(gpus.values()):
-        pytest.skip("needs 3 nodes with GPUs of their own (GPUCR_TESTCLUSTER_GPUS=1,1,1 or 2,1,1)")
+        pytest.skip("needs 3 nodes with GPUs of their own (GPUCR_TESTCLUSTER_GPUS=1,1,2 or 2,1,1)")
     first, second, third = list(gpus)[:3]
-    # The job starts on the first two nodes and moves to the last two. On a 2-GPU
-    # machine the third node has the first one's GPU, so it waits drained until then.
-    if set(gpus[first]) & set(gpus[second]) or set(gpus[second]) & set(gpus[third]):
-        pytest.skip(f"nodes share GPUs ({gpus}): GPUCR_TESTCLUSTER_GPUS=1,1,1 or 2,1,1")
+    # The job starts on the first two nodes and moves to the last two; a rank with
+    # one GPU gets its node's first. Where nodes share the machine's GPUs (fewer
+    # than four), the third node waits drained until the move.
+    if gpus[first][0] == gpus[second][0] or gpus[second][0] == gpus[third][0]:
+        pytest.skip(f"two of the nodes would run ranks on one GPU ({gpus}): GPUCR_TESTCLUSTER_GPUS=1,1,2 or 2,1,1")
     ref = reference(dict(ENV, **NET_ONLY))
     set_node(slurm_cluster, third, "DRAIN")
     drained = [third]
@@ -212,20 +213,20 @@ def test_two_host_ddp_job_over_net_is_restored_in_place_then_moved_to_another_no
         run.preempted_and_restored(1)
         # rank 0 runs on the batch node, which has one GPU of the job's
         batch = slurm_cluster.job(run.jobid)["BatchHost"]
-        run.res["rank0_gpus_1"] = gpus[batch]
+        run.res["rank0_gpu_1"] = gpus[batch][0]
         set_node(slurm_cluster, batch, "DRAIN")
         drained.append(batch)
         set_node(slurm_cluster, third, "RESUME")
         drained.remove(third)
         run.preempted_and_restored(2)
         moved_to = slurm_cluster.job(run.jobid)["BatchHost"]
-        run.res["rank0_gpus_2"] = gpus[moved_to]
+        run.res["rank0_gpu_2"] = gpus[moved_to][0]
         nodes = slurm_cluster.run("scontrol", "show", "hostnames", run.res["nodes_2"]).stdout.split()
         assert batch not in nodes, run.res
         text = run.finished(ref, restarts=2)
         assert transports(text) == {"NET"}, f"NCCL used {transports(text)}, not NET only"
         assert all(len(run.res[f"gpus_{n}"]) == 2 for n in (0, 1, 2)), run.res
-        assert not set(run.res["rank0_gpus_1"]) & set(run.res["rank0_gpus_2"]), "rank 0 kept its GPU"
+        assert run.res["rank0_gpu_1"] != run.res["rank0_gpu_2"], "rank 0 kept its GPU"
     finally:
         if run:
             (RESULTS / "job-nccl-gpu-two-hosts.json").write_text(json.dumps(run.res, indent=1))

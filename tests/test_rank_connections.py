@@ -5,6 +5,9 @@ names here are addresses, so resolving them needs no name service.
 """
 
 
+import subprocess
+import sys
+
 import pytest
 
 from gpucr_hpc.errors import GpucrError
@@ -58,3 +61,15 @@ def test_holding_until_all_back_times_out_in_one_line(tmp_path):
         rc.hold_until_all_back(tmp_path, 2, timeout=0.2)
     (tmp_path / "1").touch()
     rc.hold_until_all_back(tmp_path, 2, timeout=0.2)
+
+
+@pytest.mark.slurm
+def test_a_node_name_that_does_not_resolve_moves_to_its_slurm_node_address(slurm_cluster):
+    """Found on a GPU machine without name service: ends moved to another node
+    must go where Slurm reaches that node, whether or not its name resolves."""
+    addr = slurm_cluster.run("scontrol", "show", "node", "-o", "n2").stdout.split("NodeAddr=")[1].split()[0]
+    probe = ("from gpucr_hpc.job import rank_connections as rc; "
+             "print(rc.moves({'name': 'r', 'tcp': {'ends': ['10.9.9.9:5000']}}, {'r': 'n2'}))")
+    out = subprocess.run([sys.executable, "-c", probe], env=slurm_cluster.env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str({"10.9.9.9:5000": addr})

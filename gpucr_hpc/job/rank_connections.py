@@ -19,6 +19,7 @@ every unit knows where every peer goes without asking:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import socket
@@ -28,6 +29,7 @@ from pathlib import Path
 from gpucr_hpc import config, tcp_end
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.slurm import commands as slurm
 
 POLL_S = 0.1
 
@@ -58,12 +60,17 @@ def where_now(ranks: list[dict]) -> dict[str, str]:
     return where
 
 
+@functools.cache
 def _address(node: str) -> str:
+    """Where Slurm reaches the node (NodeAddr): a node's name need not resolve
+    where its address is set in slurm.conf (cloud nodes, sites without DNS)."""
+    name = slurm.node_address(node) or node
     try:
-        return socket.gethostbyname(node)
+        return socket.gethostbyname(name)
     except OSError as e:
-        raise GpucrError(f"node {node} has no address this node can resolve: {e}",
-                         "make node names resolve on every node (DNS or /etc/hosts)") from e
+        raise GpucrError(f"node {node} has no address this node can resolve ({name}): {e}",
+                         "give the node its NodeAddr in slurm.conf, or make its name resolve (DNS or /etc/hosts)"
+                         ) from e
 
 
 def _stays(end: str) -> bool:

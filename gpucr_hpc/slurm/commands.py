@@ -94,6 +94,18 @@ def hostnames(nodelist: str) -> list[str]:
     return run("scontrol", "show", "hostnames", nodelist).stdout.split()
 
 
+def node_address(node: str) -> str | None:
+    """The address Slurm reaches `node` by (its NodeAddr, which may be a name
+    itself), or None where slurmctld does not answer or knows no such node."""
+    try:
+        out = run("scontrol", "show", "node", "-o", node, timeout=15, check=False)
+    except GpucrError:
+        return None
+    lines = out.stdout.splitlines()
+    addr = parse_one_line(lines[0]).get("NodeAddr", "") if out.returncode == 0 and lines else ""
+    return addr or None
+
+
 def settled(job: Job, wait_s: float = SETTLE_S) -> Job:
     """`job` once it has stopped moving between states (see SETTLING_STATES): asked
     again while it moves."""
