@@ -151,6 +151,20 @@ def test_a_communicator_the_shim_cannot_rebuild_is_refused_and_the_job_runs_on(r
         job.kill()
 
 
+@pytest.mark.skipif(os.path.exists("/dev/nvidiactl"), reason="calls cuMulticastCreate, never made on GPU machines")
+def test_a_process_that_made_a_multicast_object_is_refused_and_the_job_runs_on(ranks_program, tmp_path):
+    """NVLS: NCCL's multicast objects cannot be made again at a restore."""
+    job = Job(ranks_program, tmp_path, steps=300, extra="multicast")
+    try:
+        with pytest.raises(GpucrError, match="NVLink multicast") as e:
+            in_place.checkpoint_tree(job.shell.pid, run_dir=job.run_dir)
+        assert "NCCL_NVLS_ENABLE=0" in e.value.one_line()
+        assert [s.cut for s in nccl_cut._states(job.ranks(), job.run_dir)] == ["none", "none"]
+        job.finish()
+    finally:
+        job.kill()
+
+
 def test_after_a_reload_the_communicators_come_from_a_fresh_copy_of_nccl(ranks_program, tmp_path):
     """What a restore by CRIU does (maybe on another node): NCCL's host state must
     not be the old node's, so the hooks move to a fresh copy of the library."""

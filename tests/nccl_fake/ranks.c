@@ -1,10 +1,14 @@
 /* One rank of a job whose ranks talk through NCCL (the fake one in CPU tests):
- *   ranks RANK NRANKS DIR STEPS DELAY_US [window]
+ *   ranks RANK NRANKS DIR STEPS DELAY_US [window|multicast]
  * Rank 0 writes the unique id to DIR/id; every rank makes the world
  * communicator, splits a child off it, registers a buffer, and then each step
  * all-reduces on the world (twice in a group every 4th step) and on the child
  * every 3rd, sleeps DELAY_US, and appends the step to DIR/rank-RANK.txt. A
- * watchdog thread asks for asynchronous errors all along, as PyTorch's does. */
+ * watchdog thread asks for asynchronous errors all along, as PyTorch's does.
+ * window: a symmetric window, a communicator the shim cannot rebuild;
+ * multicast: a call of cuMulticastCreate as NCCL's NVLS makes (to whatever
+ * exports it: under the shim, its hook; the call itself fails without a GPU). */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,8 +88,13 @@ int main(int argc, char **argv)
     CHECK(ncclCommSplit(world, 0, rank, &child, NULL));
     CHECK(ncclCommRegister(world, buf, sizeof buf, &handle));
     void *win;
-    if (argc == 7) /* a symmetric window: a communicator the shim cannot rebuild */
+    if (argc == 7 && strcmp(argv[6], "window") == 0)
         CHECK(ncclCommWindowRegister(world, buf, sizeof buf, &win, 0));
+    if (argc == 7 && strcmp(argv[6], "multicast") == 0) {
+        int (*create)(void *, const void *) = (int (*)(void *, const void *))dlsym(RTLD_DEFAULT, "cuMulticastCreate");
+        if (create)
+            (void)create(NULL, NULL);
+    }
     pthread_t t;
     pthread_create(&t, NULL, watchdog, NULL);
     snprintf(path, sizeof path, "%s/rank-%d.txt", argv[3], rank);
