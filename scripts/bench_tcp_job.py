@@ -50,6 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_cluster import BenchError, Cluster, cluster_env, cluster_is_up, cluster_up, steps_of, wait_for
+
 REPO = Path(__file__).resolve().parent.parent
 TESTCLUSTER = REPO / "scripts" / "testcluster"
 PREFIX = Path(os.environ.get("GPUCR_PREFIX", "/opt/gpucr-hpc"))
@@ -94,82 +96,6 @@ srun --ntasks=4 --ntasks-per-node=2 {python} {workdir}/rank.py {rundir} {mode} {
 """
 
 
-class BenchError(Exception):
-    pass
-
-
-# ------------------------------------------------------------ the cluster ---
-
-class Cluster:
-    def __init__(self, conf: Path, env: dict):
-        self.conf = conf
-        self.state = conf.parent.parent
-        self.env = env
-
-    def run(self, *argv, check=True, timeout=60):
-        out = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout)
-        if check and out.returncode != 0:
-            raise BenchError(f"{' '.join(argv)}: rc {out.returncode}: {out.stderr.strip()}")
-        return out
-
-    def job(self, jobid: str) -> dict:
-        out = self.run("scontrol", "show", "job", "-o", jobid, check=False)
-        return dict(re.findall(r"(\S+?)=(\S*)", out.stdout)) if out.returncode == 0 else {}
-
-    def nodes(self, jobid: str) -> list[str]:
-        return sorted(self.run("scontrol", "show", "hostnames", self.job(jobid)["NodeList"]).stdout.split())
-
-    def gpucr(self, *args, timeout=300):
-        t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "gpucr_hpc", *args, "--json"], env=self.env,
-                             capture_output=True, text=True, timeout=timeout)
-        wall = time.monotonic() - t0
-        if out.returncode != 0:
-            raise BenchError(f"gpucr-hpc {' '.join(args)} failed: {out.stderr.strip()[-2000:]}")
-        return wall, json.loads(out.stdout)
-
-    def mode(self) -> str:
-        net = self.state / "net"
-        return net.read_text().strip() if net.exists() else "unknown"
-
-
-def cli_wrapper(tmp: Path) -> str:
-    """The gpucr-hpc the plugin calls (plugstack cli=): this checkout's, run by this
-    Python, unless $GPUCR_CLI names one or the checkout has its own venv."""
-    if os.environ.get("GPUCR_CLI"):
-        return os.environ["GPUCR_CLI"]
-    own = REPO / ".venv" / "bin" / "gpucr-hpc"
-    if own.exists():
-        return str(own)
-    path = tmp / "gpucr-hpc"
-    path.write_text(f"#!/bin/sh\nPYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}} "
-                    f"exec {sys.executable} -m gpucr_hpc \"$@\"\n")
-    path.chmod(0o755)
-    return str(path)
-
-
-def cluster_env(tmp: Path) -> dict:
-    env = dict(os.environ, GPUCR_CLI=cli_wrapper(tmp))
-    env["PYTHONPATH"] = ":".join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return env
-
-
-def cluster_is_up(env: dict) -> bool:
-    return subprocess.run([str(TESTCLUSTER), "status"], capture_output=True, env=env).returncode == 0
-
-
-def cluster_up(env: dict) -> Cluster:
-    up = subprocess.run([str(TESTCLUSTER), "up"], capture_output=True, text=True, timeout=180, env=env)
-    if up.returncode != 0:
-        raise BenchError(f"testcluster up failed: {up.stderr.strip() or up.stdout.strip()}")
-    conf = Path(up.stdout.strip().splitlines()[-1])
-    exports = subprocess.run([str(TESTCLUSTER), "env"], capture_output=True, text=True, env=env).stdout
-    for k, v in re.findall(r"^export (\w+)=(.*)$", exports, re.M):
-        env[k] = v.strip("'")
-    env["SLURM_CONF"] = str(conf)
-    return Cluster(conf, env)
-
-
 def shim_answers_io_uring() -> bool:
     """The gloo job needs the installed shim to export syscall (io_uring_setup: ENOSYS)."""
     out = subprocess.run(["nm", "-D", "--defined-only", str(SHIM)], capture_output=True, text=True)
@@ -177,27 +103,6 @@ def shim_answers_io_uring() -> bool:
 
 
 # --------------------------------------------------------------- one run ---
-
-def steps_of(path: Path) -> list[tuple[int, float]]:
-    if not path.exists():
-        return []
-    rows = []
-    for ln in path.read_text(errors="replace").splitlines():
-        parts = ln.split()
-        if len(parts) == 3 and parts[0].isdigit():
-            rows.append((int(parts[0]), float(parts[1])))
-    return rows
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise BenchError(f"timed out after {timeout} s waiting for {what}")
-
 
 def tcp_counts(manifest: dict) -> dict:
     """The TCP sockets a checkpoint handled, from the generation's manifest. A link

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""How long a preempted job holds its node: `node_free_s`, beside the rates that bound it.
+
+On the project's local test cluster (scripts/testcluster), one `--gpucr=on` job
+per size, one node, one task holding GIB of memory (host memory, every page
+written; with --gpu, GPU memory through PyTorch) and logging a step every 0.1 s.
+Per size, in one run:
+
+  preempt_s      `gpucr-hpc preempt JOBID` from its start to its return;
+  node_free_s    from the same start until no process of the job is left on
+                 the node (none whose environment carries its SLURM_JOB_ID:
+                 script, ranks, agents), polled every 20 ms;
+  back_s         from the same start until the job, restarted, logs a new step;
+  image_gib      the generation's bytes (manifest), and image_write_GBps those
+                 bytes over preempt_s;
+  raw_write_GBps the image root's file system: GIB written in 64 MiB blocks and
+                 fsync'ed, in the same run; raw_shm_GBps the same into /dev/shm
+                 (what a node-local staging tier would take).
+
+Saved: JSON (every record carries gib and node_free_s) and, where matplotlib
+is found, a plot beside it. As root:
+
+    GPUCR_TESTCLUSTER_DIR=/tmp/gpucr-tc-bench GPUCR_TESTCLUSTER_PORT=18117 \\
+        python3 scripts/bench_preempt.py --gib 1 4 [--gpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from bench_cluster import REPO, TESTCLUSTER, BenchError, Cluster, cluster_env, cluster_is_up, cluster_up, wait_for
+
+BLOCK = 64 << 20
+
+WORKLOAD = r"""
+import mmap, os, sys, time
+out, gib, where = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+n = int(gib * 2**30)
+if where == "gpu":
+    import torch
+    ballast = torch.empty(n // 4, dtype=torch.float32, device="cuda")
+    ballast.uniform_()
+    torch.cuda.synchronize()
+else:
+    ballast = mmap.mmap(-1, n)
+    block = os.urandom(1 << 20)
+    for off in range(0, n, 1 << 20):
+        ballast[off:off + (1 << 20)] = block[:min(1 << 20, n - off)]
+log = open(os.path.join(out, "steps.txt"), "a", buffering=1)
+step = 0
+while True:
+    step += 1
+    log.write(f"{step} {time.time():.3f}\n")
+    time.sleep(0.1)
+"""
+
+
+def job_pids(jobid: str) -> list[int]:
+    """Processes on this machine whose environment names the job (its script,
+    ranks and agents; slurmstepd carries none)."""
+    mark = f"SLURM_JOB_ID={jobid}\0".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if env.startswith(mark) or b"\0" + mark in env:
+            found.append(int(entry.name))
+    return found
+
+
+def rate(path: Path, gib: float, sync: bool) -> float:
+    """GB/s of writing gib GiB to path in 64 MiB blocks (fsync'ed when sync)."""
+    block = os.urandom(BLOCK)
+    total = int(gib * 2**30)
+    t0 = time.monotonic()
+    with open(path, "wb") as f:
+        done = 0
+        while done < total:
+            done += f.write(block[:min(BLOCK, total - done)])
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    took = time.monotonic() - t0
+    path.unlink()
+    return round(total / took / 1e9, 2)
+
+
+def last_step_time(log: Path) -> float:
+    try:
+        lines = log.read_text().split("\n")
+    except OSError:
+        return 0.0
+    for ln in reversed(lines):
+        parts = ln.split()
+        if len(parts) == 2:
+            return float(parts[1])
+    return 0.0
+
+
+def generation_bytes(cluster: Cluster, jobid: str, gen: str) -> int:
+    manifest = json.loads((cluster.state / "images" / jobid / gen / "manifest.json").read_text())
+    return sum(int(u.get("bytes") or 0) for u in manifest["units"].values())
+
+
+def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path) -> dict:
+    d = work / f"gib-{gib:g}"
+    d.mkdir(parents=True)
+    d.chmod(0o755)
+    (d / "ballast.py").write_text(WORKLOAD)
+    script = d / "job.sh"
+    script.write_text(f"#!/bin/bash\nexec {sys.executable} {d}/ballast.py {d} {gib} {'gpu' if on_gpu else 'host'}\n")
+    script.chmod(0o755)
+    extra = ["--gres=gpu:1"] if on_gpu else []
+    jobid = cluster.run("sbatch", "--parsable", "--gpucr=on", "-N1", "-n1", "-o", str(d / "job.out"), *extra,
+                        str(script)).stdout.strip().split(";")[0]
+    log = d / "steps.txt"
+    try:
+        wait_for(lambda: cluster.job(jobid).get("JobState") == "RUNNING" and last_step_time(log) > 0,
+                 timeout=300, what=f"job {jobid} to step")
+        rec: dict = {"gib": gib, "where": "gpu" if on_gpu else "host", "jobid": jobid}
+        out: dict = {}
+
+        def preempt() -> None:
+            t = time.monotonic()
+            p = subprocess.run([sys.executable, "-m", "gpucr_hpc", "preempt", jobid, "--json"], env=cluster.env,
+                               capture_output=True, text=True, timeout=600)
+            out.update(rc=p.returncode, s=time.monotonic() - t, stdout=p.stdout, stderr=p.stderr)
+
+        t0, wall0 = time.monotonic(), time.time()
+        th = threading.Thread(target=preempt)
+        th.start()
+        while job_pids(jobid):
+            if not th.is_alive() and out.get("rc"):
+                break  # refused or failed: the job runs on, reported below
+            if time.monotonic() - t0 > 600:
+                raise BenchError(f"job {jobid} still has processes 600 s after the preempt began")
+            time.sleep(0.02)
+        rec["node_free_s"] = round(time.monotonic() - t0, 3)
+        th.join()
+        if out["rc"] != 0:
+            raise BenchError(f"preempt of job {jobid} failed: {out['stderr'].strip()[-2000:]}")
+        rec["preempt_s"] = round(out["s"], 3)
+        result = json.loads(out["stdout"])
+        wait_for(lambda: last_step_time(log) > wall0 + rec["preempt_s"], timeout=600, what=f"job {jobid} back")
+        rec["back_s"] = round(time.monotonic() - t0, 3)
+        rec["restored"] = True
+        rec["generation"] = result.get("generation")
+        nbytes = generation_bytes(cluster, jobid, str(result["generation"]))
+        rec["image_gib"] = round(nbytes / 2**30, 3)
+        rec["image_write_GBps"] = round(nbytes / rec["preempt_s"] / 1e9, 2)
+        for k in ("total_s", "requeue_s"):
+            if isinstance(result.get(k), (int, float)):
+                rec[f"preempt_{k}"] = round(result[k], 3)
+        images = cluster.state / "images"
+        rec["raw_write_GBps"] = rate(images / f".bench-{jobid}", gib, sync=True)
+        rec["raw_shm_GBps"] = rate(Path("/dev/shm") / f".gpucr-bench-{jobid}", gib, sync=False)
+        return rec
+    finally:
+        cluster.run("scancel", jobid, check=False)
+
+
+def plot(records: list[dict], path: Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sizes = [r["gib"] for r in records]
+    for key, label in (("preempt_s", "preempt command"), ("node_free_s", "node free"), ("back_s", "stepping again")):
+        ax.plot(sizes, [r[key] for r in records], marker="o", label=label)
+    ax.plot(sizes, [r["gib"] * 2**30 / 1e9 / r["raw_write_GBps"] for r in records], linestyle="--",
+            label="the bytes at the image root's raw write rate")
+    ax.plot(sizes, [r["gib"] * 2**30 / 1e9 / r["raw_shm_GBps"] for r in records], linestyle=":",
+            label="the bytes at /dev/shm's write rate")
+    ax.set_xlabel("GiB held by the job")
+    ax.set_ylabel("seconds from `gpucr-hpc preempt`")
+    ax.set_title(f"Preempt: how long the job holds its node ({records[0]['where']} memory)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gib", type=float, nargs="+", default=[1.0, 4.0], help="sizes the job holds, GiB")
+    ap.add_argument("--gpu", action="store_true", help="hold GPU memory (PyTorch) instead of host memory")
+    ap.add_argument("--out", type=Path, help="the JSON (default: bench/results/preempt-node-free-DATE.json)")
+    ap.add_argument("--replot", type=Path, help="only draw the plot of a saved JSON, beside it")
+    args = ap.parse_args(argv)
+    if args.replot:
+        return 0 if plot(json.loads(args.replot.read_text())["records"], args.replot.with_suffix(".png")) else 1
+    if os.geteuid() != 0:
+        print("bench_preempt: the test cluster needs root; run it as root", file=sys.stderr)
+        return 2
+    started = datetime.datetime.now(datetime.timezone.utc)
+    tmp = Path(tempfile.mkdtemp(prefix="gpucr-bench-preempt-"))
+    tmp.chmod(0o755)
+    env = cluster_env(tmp)
+    started_it = not cluster_is_up(env)
+    records = []
+    try:
+        cluster = cluster_up(env)
+        for gib in args.gib:
+            rec = one_size(cluster, gib, args.gpu, tmp)
+            records.append(rec)
+            print(json.dumps(rec), flush=True)
+    except BenchError as e:
+        print(f"bench_preempt: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if started_it:
+            subprocess.run([str(TESTCLUSTER), "down"], capture_output=True, timeout=180, env=env)
+    out_path = args.out or REPO / "bench" / "results" / f"preempt-node-free-{started:%Y-%m-%d}.json"
+    doc = {"date": started.isoformat(timespec="seconds"), "machine": platform.node(), "cpus": os.cpu_count(),
+           "cluster_mode": cluster.mode(), "records": records}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{'GiB':>5} {'preempt':>8} {'node free':>10} {'back':>7} {'image GB/s':>11} {'raw disk':>9} {'raw shm':>8}")
+    for r in records:
+        print(f"{r['gib']:>5g} {r['preempt_s']:>7.2f}s {r['node_free_s']:>9.2f}s {r['back_s']:>6.2f}s "
+              f"{r['image_write_GBps']:>11.2f} {r['raw_write_GBps']:>9.2f} {r['raw_shm_GBps']:>8.2f}")
+    if records and plot(records, out_path.with_suffix(".png")):
+        print(f"plot: {out_path.with_suffix('.png')}")
+    print(f"saved: {out_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
