@@ -12,7 +12,9 @@ Per size, in one run:
                  script, ranks, agents), polled every 20 ms;
   back_s         from the same start until the job, restarted, logs a new step;
   image_gib      the generation's bytes (manifest), and image_write_GBps those
-                 bytes over preempt_s;
+                 bytes over preempt_s; unit_dump_s, unit_persist_s: the slowest
+                 unit's CRIU dump (to node memory where it fits) and its write
+                 to the image root (unit_gpu_released_s: its GPU data out);
   raw_write_GBps the image root's file system: GIB written in 64 MiB blocks and
                  fsync'ed, in the same run; raw_shm_GBps the same into /dev/shm
                  (what a node-local staging tier would take).
@@ -112,9 +114,18 @@ def last_step_time(log: Path) -> float:
     return 0.0
 
 
-def generation_bytes(cluster: Cluster, jobid: str, gen: str) -> int:
-    manifest = json.loads((cluster.state / "images" / jobid / gen / "manifest.json").read_text())
-    return sum(int(u.get("bytes") or 0) for u in manifest["units"].values())
+def generation(cluster: Cluster, jobid: str, gen: str) -> tuple[int, dict]:
+    """The generation's bytes, and the slowest unit's phases (its image manifest's
+    timings: dump_s, CRIU's dump to node memory; persist_s, the write to the image)."""
+    gen_dir = cluster.state / "images" / jobid / gen
+    manifest = json.loads((gen_dir / "manifest.json").read_text())
+    phases: dict = {}
+    for name in manifest["units"]:
+        timings = json.loads((gen_dir / name / "manifest.json").read_text()).get("timings") or {}
+        for k in ("gpu_released_s", "dump_s", "persist_s"):
+            if k in timings:
+                phases[k] = round(max(phases.get(k, 0.0), timings[k]), 3)
+    return sum(int(u.get("bytes") or 0) for u in manifest["units"].values()), phases
 
 
 def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path) -> dict:
@@ -160,7 +171,8 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path) -> dict:
         rec["back_s"] = round(time.monotonic() - t0, 3)
         rec["restored"] = True
         rec["generation"] = result.get("generation")
-        nbytes = generation_bytes(cluster, jobid, str(result["generation"]))
+        nbytes, phases = generation(cluster, jobid, str(result["generation"]))
+        rec.update({f"unit_{k}": v for k, v in phases.items()})
         rec["image_gib"] = round(nbytes / 2**30, 3)
         rec["image_write_GBps"] = round(nbytes / rec["preempt_s"] / 1e9, 2)
         for k in ("total_s", "requeue_s"):
