@@ -185,14 +185,14 @@ class ImageWriter:
             for d in dirs:
                 mf.fsync_dir(Path(root) / d)
         if self.manifest.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
-            _chown_tree(self.path, self.manifest["owner_uid"])
+            chown_tree(self.path, self.manifest["owner_uid"])
         mf.commit(self.path, self.manifest)
         if self.manifest.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
             for name in (mf.MANIFEST, mf.COMMITTED):
                 os.chown(self.path / name, self.manifest["owner_uid"], -1)
 
 
-def _chown_tree(path: Path, uid: int) -> None:
+def chown_tree(path: Path, uid: int) -> None:
     os.chown(path, uid, -1)
     for root, dirs, files in os.walk(path):
         for n in dirs + files:

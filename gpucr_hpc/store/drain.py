@@ -1,0 +1,72 @@
+"""Draining a staged image: from node memory to the image root, durable and checked.
+
+A preemption writes each unit's image into node-local memory first (the
+staging tier), so the job's processes can end and the node go to the
+preemptor without waiting for the file system. The drain then copies every
+file of the committed staged image to its place on the image root, checking
+each against the sha256 the staged manifest recorded (a bad page in memory
+or a short write stops it), fsyncs files and directories, and writes the
+same manifest and COMMITTED last: the drained image is the staged one, byte
+for byte, and durable.
+
+A drain that fails for any reason (disk full, a checksum, the file system
+gone) removes what it wrote and says why in one line; the staged image is
+left as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import manifest as mf
+
+
+def _copy_checked(src: Path, dst: Path, rec: dict) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    size, blocks = image_store.copy_with_block_sha256(src, dst)
+    if size != rec["size"]:
+        raise GpucrError(f"{src} has {size} bytes, its manifest says {rec['size']}",
+                         "the staged image is damaged; the job restores from its previous generation")
+    if "sha256_blocks" in rec:
+        good = rec.get("block_bytes") == image_store.HASH_BLOCK and blocks == rec["sha256_blocks"]
+    else:
+        good = mf.sha256_file(dst) == rec["sha256"]
+    if not good:
+        raise GpucrError(f"{src} does not match its checksum in the staged manifest",
+                         "the staged image is damaged; the job restores from its previous generation")
+
+
+def drain_image(staged: Path, dest: Path) -> int:
+    """Copy the committed image `staged` to the new directory `dest`; returns its bytes.
+    On any failure `dest` is removed and a GpucrError says why."""
+    staged, dest = Path(staged), Path(dest)
+    m = mf.load(staged)
+    data, marker = (staged / mf.MANIFEST).read_bytes(), (staged / mf.COMMITTED).read_bytes()
+    created = not dest.exists()
+    try:
+        image_store.prepare_new(dest)
+        for rel, rec in sorted((m.get("files") or {}).items(), key=lambda kv: -kv[1]["size"]):
+            if ".." in Path(rel).parts or Path(rel).is_absolute():
+                raise GpucrError(f"staged image {staged}: bad file name {rel!r}", "checkpoint the job again")
+            _copy_checked(staged / rel, dest / rel, rec)
+        for root, dirs, _files in os.walk(dest):
+            for d in dirs:
+                mf.fsync_dir(Path(root) / d)
+        mf.write_atomic(dest / mf.MANIFEST, data)
+        mf.write_atomic(dest / mf.COMMITTED, marker)
+        if m.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
+            image_store.chown_tree(dest, m["owner_uid"])
+        mf.fsync_dir(dest.parent)
+    except (GpucrError, OSError) as e:
+        if created:
+            shutil.rmtree(dest, ignore_errors=True)
+        if isinstance(e, GpucrError):
+            raise
+        raise GpucrError(f"draining {staged} to {dest} failed: {e.strerror or e}",
+                         "free space on the image root (or fix it); the job restores from its previous "
+                         "generation") from e
+    return int(m.get("total_bytes") or 0)

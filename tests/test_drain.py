@@ -1,0 +1,104 @@
+"""Draining a staged image to the image root (gpucr_hpc.store.drain): the copy is
+the staged image byte for byte and opens as a committed, checked image; a
+damaged staged file or a full file system stops it in one line, with nothing
+left behind at the destination and the staged image untouched."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.store import drain
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import manifest as mf
+
+
+def staged_image(path: Path, mib: int = 3) -> Path:
+    """A committed image as a checkpoint writes one: a copied file (block checksums)
+    and a file written in place (one checksum)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.parent / "src.bin"
+    src.write_bytes(os.urandom(mib << 20))
+    w = image_store.ImageWriter(path, mf.new_manifest(kind="process", vendor=None, gpu=None))
+    w.add_copy(src, "criu/pages-1.img")
+    (w.path / "process-7.h5").write_bytes(os.urandom(4096))
+    w.add_written("process-7.h5")
+    w.commit()
+    return path
+
+
+def contents(path: Path) -> dict[str, str]:
+    return {str(p.relative_to(path)): mf.sha256_file(p) for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def test_a_drained_image_is_the_staged_one_and_opens_checked(tmp_path):
+    staged = staged_image(tmp_path / "stage" / "rank-0.0")
+    dest = tmp_path / "root" / "gen-3" / "rank-0.0"
+    assert drain.drain_image(staged, dest) == mf.load(staged)["total_bytes"]
+    assert contents(dest) == contents(staged)
+    image_store.open_image(dest)  # committed, owned, every checksum right
+
+
+def test_a_damaged_staged_file_stops_the_drain_and_leaves_nothing(tmp_path):
+    staged = staged_image(tmp_path / "stage" / "u")
+    pages = staged / "criu" / "pages-1.img"
+    with open(pages, "r+b") as f:
+        f.seek(1 << 20)
+        byte = f.read(1)
+        f.seek(1 << 20)
+        f.write(bytes([byte[0] ^ 1]))
+    before = image_store.tree_digest(staged)
+    dest = tmp_path / "root" / "u"
+    with pytest.raises(GpucrError, match="does not match its checksum") as e:
+        drain.drain_image(staged, dest)
+    assert "\n" not in e.value.one_line()
+    assert not dest.exists()
+    assert image_store.tree_digest(staged) == before
+
+
+DRAIN_WITH_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.store import drain
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+try:
+    drain.drain_image(sys.argv[1], sys.argv[2])
+except GpucrError as e:
+    print(e.one_line(), file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def test_a_file_system_that_takes_no_more_stops_the_drain_in_one_line(tmp_path):
+    staged = staged_image(tmp_path / "stage" / "u")
+    dest = tmp_path / "root" / "u"
+    r = subprocess.run([sys.executable, "-c", DRAIN_WITH_FILE_SIZE_LIMIT, str(staged), str(dest)],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "File too large" in lines[0] and "previous generation" in lines[0], r.stderr
+    assert not dest.exists()
+    image_store.open_image(staged)
+
+
+def test_an_uncommitted_staged_image_is_not_drained(tmp_path):
+    staged = staged_image(tmp_path / "stage" / "u")
+    (staged / mf.COMMITTED).unlink()
+    with pytest.raises(GpucrError, match="not committed"):
+        drain.drain_image(staged, tmp_path / "root" / "u")
+    assert not (tmp_path / "root" / "u").exists()
+
+
+def test_a_destination_that_holds_files_is_never_touched(tmp_path):
+    staged = staged_image(tmp_path / "stage" / "u")
+    dest = tmp_path / "root" / "u"
+    dest.mkdir(parents=True)
+    (dest / "keep").write_text("theirs")
+    with pytest.raises(GpucrError, match="already holds"):
+        drain.drain_image(staged, dest)
+    assert (dest / "keep").read_text() == "theirs"
+
