@@ -76,6 +76,8 @@ FAULTS = {
                              "connections, before its dumps (tests/test_job_tcp.py)",
     "rank_not_back": "rank 1 of a restore step never says it is back, so the ranks that hold their "
                      "connections until all are back time out (tests/test_job_tcp.py)",
+    "drain_fails": "the drain of a staged generation fails on its first unit, as on a full image root "
+                   "(tests/test_job_stage.py)",
     "copy_helper_in_done": "the copy helper says the copies of the first `in` failed, so that a GPU "
                            "test sees the process fall back to its own data path without loss "
                            "(`scripts/shim_gpu_verify.py --helper-fails-copy`)",

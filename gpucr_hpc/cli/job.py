@@ -21,7 +21,6 @@ from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import coordinator, events, generations, retention
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.slurm.site import load_site
-from gpucr_hpc.store import manifest as mf
 
 
 def print_job_result(kind: str, result: dict, as_json: bool) -> None:
@@ -85,6 +84,22 @@ def preempt(jobid, as_json):
     print_job_result("preempted", result, as_json)
 
 
+@click.command(hidden=True)
+@click.argument("jobid", callback=job_dirs.job_id_argument)
+def drain(jobid):
+    """Drain the job's staged checkpoints on this node to the image root (the job
+    epilog runs this, as root, once the job has ended on the node)."""
+    from gpucr_hpc.job import drain as job_drain
+
+    if os.geteuid() != 0:
+        raise GpucrError("drain is run by the gpucr plugin's job epilog, as root",
+                         "leave it to the epilog; `gpucr-hpc status JOBID` shows how it went")
+    errors = job_drain.drain_job(jobid)
+    if errors:
+        raise GpucrError(f"drain of job {jobid} failed: {'; '.join(errors)}",
+                         "see `gpucr-hpc status JOBID`; the job restores from its previous checkpoint")
+
+
 def job_rows(jobid: str | None = None) -> list[dict]:
     site = load_site()
     root = Path(site.imageroot)
@@ -113,10 +128,13 @@ def _generation_rows(job_dir: Path) -> list[dict]:
     current = generations.current_submission(job_dir)
     for _, path, committed in generations.generations(job_dir):
         row = {"job": job_dir.name, "generation": path.name, "committed": committed,
-               "latest": path == latest, "path": str(path)}
-        if committed:
+               "latest": path == latest, "path": str(path), "staged": generations.is_staged(path)}
+        failed = generations.drain_failure(path)
+        if failed:
+            row["drain_failed"] = failed
+        if committed or row["staged"]:
             try:
-                m = mf.load(path)
+                m = generations.manifest_of(path)
                 row.update(bytes=m.get("total_bytes", 0), nodes=m.get("nodes", []),
                            units=sorted(m.get("units", {})), created=m.get("created"),
                            submission=m.get("submission"),
@@ -155,6 +173,10 @@ def _mine(job_dir: Path, jobid: str | None = None) -> bool:
 def generation_state(r: dict) -> str:
     if r.get("error"):
         return "damaged"
+    if r.get("drain_failed"):
+        return f"drain failed: {r['drain_failed']}"
+    if r.get("staged"):
+        return "staged in node memory, draining" + (" (latest)" if r.get("latest") else "")
     if r.get("other_submission"):
         return "committed (other submission)"
     return ("committed" if r["committed"] else "incomplete") + (" (latest)" if r.get("latest") else "")

@@ -34,6 +34,7 @@ cli.add_command(cmd_job.suspend)
 cli.add_command(cmd_job.resume)
 cli.add_command(cmd_job.ls)
 cli.add_command(cmd_job.prune)
+cli.add_command(cmd_job.drain)
 
 from gpucr_hpc.cli import doctor as cmd_doctor  # noqa: E402
 

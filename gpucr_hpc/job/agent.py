@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -37,7 +38,7 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
-from gpucr_hpc.job import connections, generations, nccl_ranks, progress
+from gpucr_hpc.job import connections, generations, nccl_ranks, progress, staging
 from gpucr_hpc.job.connections import Socket
 from gpucr_hpc.job.units import Unit, local_units, mpi_process
 from gpucr_hpc.process import image as process_image
@@ -72,17 +73,19 @@ def stdio_of(pid: int) -> dict[str, str]:
 
 
 def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded: bool = False,
-                    tcp: dict | None = None, nccl: int = 0) -> dict:
+                    tcp: dict | None = None, nccl: int = 0, stage: Path | None = None) -> dict:
     """tcp: the unit's TCP connections as the cut found them ("lock": who locks them;
     "ends", "peers": what a restore elsewhere needs to move them); nccl: its NCCL
-    ranks, whose communicators a restore rebuilds."""
-    rep = process_image.checkpoint_to(unit.pid, gen_dir / unit.name, leave_running=True, stay_yielded=stay_yielded,
+    ranks, whose communicators a restore rebuilds; stage: the generation's folder in
+    node memory, where the unit's image goes instead (staging.py)."""
+    image_dir = (stage or gen_dir) / unit.name
+    rep = process_image.checkpoint_to(unit.pid, image_dir, leave_running=True, stay_yielded=stay_yielded,
                                       tcp_lock=(tcp or {}).get("lock"),
                                       on_phase=lambda phase, n: progress.emit(unit.node, unit.name, phase, n))
     progress.emit(unit.node, unit.name, "done", rep["bytes"])
     saved, script = {}, None
     if unit.name == "batch":
-        m = mf.load(gen_dir / unit.name)
+        m = mf.load(image_dir)
         sizes = {r["path"]: r["size"] for r in m.get("open_files") or []}
         script = save_script(unit.pid, sizes, gen_dir)
         for i, path in enumerate(dict.fromkeys(p for p in outputs if p)):
@@ -92,6 +95,7 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded:
                 saved[path] = {"file": rel, "size": sizes[path]}
     return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"], "gpu_held": rep["gpu_held"],
             "saved_output": saved, "saved_script": script, "stdio": stdio_of(unit.pid), "nccl": nccl,
+            **({"staged": True} if stage else {}),
             **({"tcp": {k: v for k, v in tcp.items() if k != "lock"}} if tcp else {})}
 
 
@@ -110,7 +114,13 @@ def save_script(pid: int, sizes: dict, gen_dir: Path) -> dict | None:
     return {"file": "script", "path": path, "size": sizes[path]}
 
 
-def resume_held(gen_dir: Path, units: list[dict]) -> list[str]:
+def unit_image(gen_dir: Path, unit: dict, jobid: str) -> Path:
+    """Where a unit's image of this generation is: node memory if it was staged."""
+    stage = staging.job_stage(load_site(), jobid) if unit.get("staged") else None
+    return (stage / gen_dir.name if stage else gen_dir) / unit["name"]
+
+
+def resume_held(gen_dir: Path, units: list[dict], jobid: str) -> list[str]:
     """The GPU state back into this node's units that a checkpoint left holding none
     (a preemption whose vote or requeue failed): the job runs on. Errors, one line each."""
     from gpucr_hpc.process import image_gpu
@@ -120,7 +130,7 @@ def resume_held(gen_dir: Path, units: list[dict]) -> list[str]:
         if not u.get("gpu_held"):
             continue
         try:
-            image_gpu.resume_held(gen_dir / u["name"])
+            image_gpu.resume_held(unit_image(gen_dir, u, jobid))
         except GpucrError as e:
             errors.append(f"{u['name']} on {u['node']}: giving its GPU state back failed: {e.one_line()}")
     return errors
@@ -176,9 +186,11 @@ def prepare(job: dict, gen_dir: Path, units: list[Unit], run_dir: Path,
     t0 = time.monotonic()
     outputs = [job.get("std_out", ""), job.get("std_err", "")]
     tcp = tcp or {}
+    stages = stage_units(job, gen_dir, units) if stay_yielded else {}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
         futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, stay_yielded, tcp.get(u.name),
-                             len(set(nccl or []) & set(criu_mod.process_tree(u.pid)))) for u in units]
+                             len(set(nccl or []) & set(criu_mod.process_tree(u.pid))), stages.get(u.name))
+                   for u in units]
         done, errors = [], []
         for f in futures:
             try:
@@ -189,6 +201,23 @@ def prepare(job: dict, gen_dir: Path, units: list[Unit], run_dir: Path,
                 errors.append(f"{type(e).__name__}: {e}")
     return {"node": node, "ok": not errors, "units": done, "errors": errors,
             "prepare_s": time.monotonic() - t0, "submission": submission_of(run_dir)}
+
+
+def stage_units(job: dict, gen_dir: Path, units: list[Unit]) -> dict[str, Path]:
+    """The units a preemption writes to node memory first (staging.py), by name ->
+    the generation's folder there; the others go straight to the image root."""
+    budget = staging.Budget(load_site(), str(job["id"]))
+    chosen = [u for u in sorted(units, key=lambda u: u.name)
+              if budget.take(criu_mod.rss_bytes(criu_mod.process_tree(u.pid)))]
+    if not chosen or budget.dir is None:
+        return {}
+    folder = budget.dir / gen_dir.name
+    try:
+        budget.dir.mkdir(mode=0o700, exist_ok=True)
+        folder.mkdir(mode=0o700)
+    except OSError:
+        return {}  # not ours to write: straight to the image root
+    return {u.name: folder for u in chosen}
 
 
 def submission_of(run_dir: Path) -> str | None:
@@ -335,13 +364,20 @@ def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict, nccl: list[
             yes, reports[0]["errors"] = 0, ["no process of the job was found on its nodes"]
         if yes:
             try:
-                generations.commit_generation(gen_dir, job_manifest(job, gen_dir, reports))
+                m = job_manifest(job, gen_dir, reports)
+                if generations.staged_nodes(m):  # durable once drained (job/drain.py)
+                    generations.stage_generation(gen_dir, m)
+                else:
+                    generations.commit_generation(gen_dir, m)
                 committed = True
             except (GpucrError, OSError) as e:
                 reports[0]["errors"].append(f"commit failed: {e}")
     committed = comm.bcast(committed, root=0)
     if not committed:
-        rep["errors"] += resume_held(gen_dir, rep["units"])  # before the .h5 files go
+        rep["errors"] += resume_held(gen_dir, rep["units"], str(job["id"]))  # before the .h5 files go
+        stage = staging.job_stage(load_site(), str(job["id"]))
+        if stage is not None:
+            shutil.rmtree(stage / gen_dir.name, ignore_errors=True)
         why = nccl_ranks.rebuild(comm, nccl or [], _run_dir(job))
         rep["errors"] += [why] if why else []
         comm.allreduce(1, op=MIN)
@@ -435,13 +471,14 @@ def run_resume_held(args) -> int:
     gen_dir = Path(args.gen_dir)
     node = node_name()
     try:
-        units = [u for u in mf.load(gen_dir)["units"].values() if u.get("node") == node]
+        m = generations.manifest_of(gen_dir)
+        units = [u for u in m["units"].values() if u.get("node") == node]
     except GpucrError as e:
         units, early = [], [f"{node}: {e.one_line()}"]
     else:
         early = []
     mine = [u for u in units if u.get("gpu_held")]
-    errors = early + resume_held(gen_dir, mine)
+    errors = early + resume_held(gen_dir, mine, str(json.loads(args.job_json)["id"]))
     rep = {"node": node, "ok": not errors, "errors": errors, "seconds": time.monotonic() - t0,
            "units": [{"unit": u["name"], "bytes": u.get("bytes", 0), "gpu_processes": 1} for u in mine]}
     return _report_in_place(comm, MIN, rep)

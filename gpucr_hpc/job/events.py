@@ -87,7 +87,7 @@ def text(ev: dict, jobid: str) -> str:
     if not ev.get("ok"):
         return f"gpucr: {ev.get('what', '?')} of job {jobid} {who} failed: {ev.get('error', '')}"
     done = {"checkpoint": "checkpointed", "preempt": "preempted", "suspend": "suspended",
-            "resume": "resumed"}.get(ev.get("what", ""), ev.get("what", "?"))
+            "resume": "resumed", "drain": "drained to the image root"}.get(ev.get("what", ""), ev.get("what", "?"))
     parts = [f"gpucr: job {jobid} {done} {who}"]
     if ev.get("generation"):
         parts.append(f": {ev['generation']}")

@@ -7,13 +7,25 @@
             output/            the job's stdout/stderr as they were at checkpoint
             manifest.json      the job manifest (kind "job"): units, nodes, sizes
             COMMITTED          written last, by rank 0, once every node voted yes
+                               (with staging: by the drain that finished last)
+            STAGED             instead, while units of it are in node memory
+                               (the staging tier) and not yet drained: it has
+                               the manifest's checksum, as COMMITTED will
+            drained/<node>     a node's units are on the image root
+            DRAIN_FAILED       why a drain failed: the generation is never
+                               restored, the previous committed one is
         LATEST                 "gen-<N>" and its submission, one per line: the
                                newest committed generation
         RESTORE                the same: the generation the next start restores
                                (written by `restore --from`; LATEST when absent)
         SUBMISSION             the submission that last started under this job id
 
-A generation is complete only with COMMITTED.
+A generation is complete only with COMMITTED. A preemption on a site with a
+staging tier (plugstack.conf stage=) writes its units into node memory, marks
+the generation STAGED and points LATEST at it, so the job can end at once; the
+drain (job/drain.py, started by the job epilog on each such node) copies them
+to the image root and writes COMMITTED. A start that finds LATEST staged waits
+for that (staged_outcome).
 
 A generation belongs to one *submission* of the job: its manifest's
 "submission" is the job's GPUCR_SUBMISSION, `<cluster>:<uid>:<token>`, where
@@ -45,6 +57,9 @@ from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.store import manifest as mf
 
 LATEST = "LATEST"
+STAGED = "STAGED"
+DRAINED = "drained"
+DRAIN_FAILED = "DRAIN_FAILED"
 RESTORE = "RESTORE"
 SUBMISSION = "SUBMISSION"
 KEEP_COMMITTED = 2
@@ -153,6 +168,85 @@ def commit_generation(gen_dir: Path, manifest: dict) -> None:
             if p.exists():
                 os.chown(p, uid, -1)
     prune(job_dir, submission)
+
+
+def stage_generation(gen_dir: Path, manifest: dict) -> None:
+    """manifest + STAGED (its checksum, as COMMITTED has), then LATEST: the job's
+    next start restores this generation once its drain has made it durable."""
+    data = mf.encode(manifest)
+    mf.write_atomic(gen_dir / mf.MANIFEST, data)
+    mf.write_atomic(gen_dir / STAGED, mf.marker(data))
+    job_dir = gen_dir.parent
+    submission = manifest.get("submission")
+    write_pointer(job_dir, LATEST, gen_dir, submission)
+    claim(job_dir, submission)
+    uid = manifest.get("owner_uid")
+    if os.geteuid() == 0 and uid is not None:
+        for p in (gen_dir, gen_dir / mf.MANIFEST, gen_dir / STAGED, job_dir / LATEST, job_dir / SUBMISSION):
+            if p.exists():
+                os.chown(p, uid, -1)
+
+
+def manifest_of(gen_dir: Path) -> dict:
+    """The manifest of a committed generation, or of a staged one before its drain."""
+    gen_dir = Path(gen_dir)
+    return mf.load(gen_dir, STAGED if is_staged(gen_dir) else mf.COMMITTED)
+
+
+def is_staged(gen_dir: Path) -> bool:
+    """Staged, not yet drained (nor failed)."""
+    gen_dir = Path(gen_dir)
+    return ((gen_dir / STAGED).exists() and not (gen_dir / mf.COMMITTED).exists()
+            and not (gen_dir / DRAIN_FAILED).exists())
+
+
+def staged_nodes(manifest: dict) -> set[str]:
+    """The nodes whose memory holds units of the generation."""
+    return {u["node"] for u in manifest["units"].values() if u.get("staged")}
+
+
+def finish_drain(gen_dir: Path, node: str) -> bool:
+    """Record that `node`'s units are drained; the last node's drain commits the
+    generation (COMMITTED: STAGED's checksum) and prunes. True once committed."""
+    gen_dir = Path(gen_dir)
+    (gen_dir / DRAINED).mkdir(mode=0o700, exist_ok=True)
+    mf.write_atomic(gen_dir / DRAINED / node, b"")
+    m = json.loads((gen_dir / mf.MANIFEST).read_text())
+    if not staged_nodes(m) <= {p.name for p in (gen_dir / DRAINED).iterdir()}:
+        return False
+    for root, dirs, _files in os.walk(gen_dir):
+        for d in dirs:
+            mf.fsync_dir(Path(root) / d)
+    try:  # two drains ending together both get here: the first link wins
+        os.link(gen_dir / STAGED, gen_dir / mf.COMMITTED)
+    except FileExistsError:
+        return True
+    mf.fsync_dir(gen_dir)
+    prune(gen_dir.parent, m.get("submission"))
+    return True
+
+
+def fail_drain(gen_dir: Path, node: str, why: str) -> Path | None:
+    """A drain that failed: DRAIN_FAILED says why, and LATEST goes back to the
+    previous committed generation of the submission (returned; None: there is none)."""
+    gen_dir = Path(gen_dir)
+    job_dir = gen_dir.parent
+    mf.write_atomic(gen_dir / DRAIN_FAILED, f"{node}: {why}\n".encode())
+    submission = generation_submission(gen_dir)
+    earlier = [p for p in committed_of(job_dir, submission) if p != gen_dir]
+    if read_pointer(job_dir, LATEST) == gen_dir:
+        if earlier:
+            write_pointer(job_dir, LATEST, earlier[-1], submission)
+        else:
+            (job_dir / LATEST).unlink(missing_ok=True)
+    return earlier[-1] if earlier else None
+
+
+def drain_failure(gen_dir: Path) -> str | None:
+    try:
+        return (Path(gen_dir) / DRAIN_FAILED).read_text().strip() or "unknown"
+    except OSError:
+        return None
 
 
 def prune(job_dir: Path, submission: str | None, keep: int = KEEP_COMMITTED) -> None:

@@ -7,7 +7,8 @@ skipped, said so):
   committed ones go, never the one RESTORE names nor the newest (LATEST): a
   pending or held restore reads one of those;
 * a generation without COMMITTED goes: its checkpoint died (one that runs
-  holds the lock);
+  holds the lock), or its drain failed; a staged one whose drain is to come
+  stays;
 * with `ended`, the whole directory of a job Slurm reports COMPLETED or
   CANCELLED goes (a FAILED or TIMEOUT job, or one Slurm forgot, may still be
   restored or resubmitted from it: kept);
@@ -83,7 +84,9 @@ def _prune_locked(job_dir: Path, keep: int, states: dict[str, str] | None, dry_r
               generations.read_pointer(job_dir, generations.LATEST)}
     out = []
     for _, path, committed in generations.generations(job_dir):
-        if not committed:
+        if not committed and generations.is_staged(path):
+            out.append(Action(jobid, path.name, "kept", "staged in node memory, its drain to come"))
+        elif not committed:
             _remove(path, dry_run)
             out.append(Action(jobid, path.name, "removed", "never committed: its checkpoint died"))
         elif path not in mine:

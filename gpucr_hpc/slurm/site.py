@@ -32,6 +32,8 @@ class Site:
     vendor: str = ""
     cli: str = "/usr/local/bin/gpucr-hpc"
     bindir: str = "/usr/local/lib/gpucr/bin"
+    stage: str = ""        # node-local memory a preemption writes to first ("": none)
+    stage_cap: str = "50%"  # how much of it staged checkpoints may use: a size or a share
 
     def run_dir_root(self, node: str | None = None) -> Path:
         """The node-local run-dir root, with %n/%h expanded as the plugin does."""

@@ -88,18 +88,27 @@ def add_file(manifest: dict, rel: str, size: int, sha256: str) -> None:
     manifest["total_bytes"] = sum(f["size"] for f in manifest["files"].values())
 
 
+def encode(manifest: dict) -> bytes:
+    return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+
+
+def marker(data: bytes) -> bytes:
+    """What COMMITTED holds: the sha256 of the manifest's bytes."""
+    return (json.dumps({"manifest_sha256": hashlib.sha256(data).hexdigest()}) + "\n").encode()
+
+
 def commit(image_dir: Path, manifest: dict) -> None:
     """Write manifest.json, then COMMITTED (with the manifest's sha256), both atomically."""
-    data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
+    data = encode(manifest)
     write_atomic(Path(image_dir) / MANIFEST, data)
-    marker = json.dumps({"manifest_sha256": hashlib.sha256(data).hexdigest()}) + "\n"
-    write_atomic(Path(image_dir) / COMMITTED, marker.encode())
+    write_atomic(Path(image_dir) / COMMITTED, marker(data))
 
 
-def load(image_dir: Path) -> dict:
-    """Read a committed manifest; refuses an uncommitted or altered one."""
+def load(image_dir: Path, marker_name: str = COMMITTED) -> dict:
+    """Read a committed manifest; refuses an uncommitted or altered one. marker_name:
+    the marker that vouches for it (a job generation's STAGED, before its drain)."""
     image_dir = Path(image_dir)
-    marker_path, man_path = image_dir / COMMITTED, image_dir / MANIFEST
+    marker_path, man_path = image_dir / marker_name, image_dir / MANIFEST
     try:
         os.stat(image_dir)
         os.stat(marker_path)

@@ -1,0 +1,84 @@
+"""The drain of a job's staged generations on one node: from node memory to the image root.
+
+    gpucr-hpc drain JOBID      (run by the plugin's job epilog, as root, detached)
+
+A preemption on a site with a staging tier (plugstack.conf stage=) writes each
+unit into node memory, <stage>/<jobid>/gen-N/<unit>, so the job ends as soon
+as its data is out of the GPU and off the processes. When the job has ended
+on the node, the plugin's epilog starts this, outside the job: every staged
+unit is drained to the image root (store/drain.py: checked against its
+checksums, durable), this node's drained/ mark is written, and the node that
+drains last commits the generation (generations.finish_drain).
+
+A drain that fails (a full or missing image root, a damaged staged file): the
+generation gets DRAIN_FAILED with the reason, LATEST goes back to the previous
+committed generation, and restore.log and the job's events say so. Either
+way the staged copies go: node memory is the next job's.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+from gpucr_hpc import config
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import batch_restore, events, generations, staging
+from gpucr_hpc.slurm.site import load_site, node_name
+from gpucr_hpc.store import drain as store_drain
+
+
+def drain_generation(staged: Path, gen_dir: Path, node: str) -> dict:
+    """Every unit of one staged generation on this node to the image root."""
+    t0 = time.monotonic()
+    total = 0
+    for unit in sorted(p for p in staged.iterdir() if p.is_dir()):
+        if config.fault("drain_fails"):
+            raise GpucrError(f"draining {unit} failed: injected (GPUCR_FAULTS=drain_fails)",
+                             "free space on the image root (or fix it); the job restores from its previous "
+                             "generation")
+        total += store_drain.drain_image(unit, gen_dir / unit.name)
+    committed = generations.finish_drain(gen_dir, node)
+    return {"bytes": total, "drain_s": time.monotonic() - t0, "committed": committed}
+
+
+def drain_job(jobid: str) -> list[str]:
+    """Drain every staged generation of the job on this node; one line per failure."""
+    site = load_site()
+    node = node_name()
+    root = staging.job_stage(site, jobid)
+    if root is None or not root.is_dir():
+        return []
+    job_dir = site.job_image_dir(jobid)
+    uid = job_dir.stat().st_uid
+    batch_restore.open_log(job_dir)
+    errors = []
+    for staged in sorted(p for p in root.iterdir() if p.is_dir()):
+        gen_dir = job_dir / staged.name
+        try:
+            if not generations.is_staged(gen_dir):
+                continue  # committed by another node's drain already, failed, or never staged: stale
+            try:
+                rep = drain_generation(staged, gen_dir, node)
+            except (GpucrError, OSError) as e:
+                why = e.one_line() if isinstance(e, GpucrError) else str(e)
+                earlier = generations.fail_drain(gen_dir, node, why)
+                back = f"the job restores {earlier.name} instead" if earlier else "the job has no earlier checkpoint"
+                batch_restore.log(f"gpucr: drain of {gen_dir.name} on {node} failed: {why}; {back}")
+                events.record(job_dir, uid, what="drain", ok=False, generation=gen_dir.name, nodes=[node],
+                              error=f"{why}; {back}")
+                errors.append(f"{gen_dir.name}: {why}")
+                continue
+            batch_restore.log(f"{gen_dir.name}: {rep['bytes'] / 2**30:.2f} GiB drained from {node}'s memory "
+                              f"in {rep['drain_s']:.1f} s" + ("; committed" if rep["committed"] else ""))
+            events.record(job_dir, uid, what="drain", ok=True, generation=gen_dir.name, nodes=[node],
+                          took_s=rep["drain_s"])
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
+    return errors

@@ -1,0 +1,79 @@
+"""The staging tier: node memory a preemption writes its units to first.
+
+A site names it in plugstack.conf (stage=, a tmpfs or hugetlbfs directory on
+every node, writable by all like /dev/shm; %n is the node's name) and caps
+what staged checkpoints may take of it (stage_cap=: a share such as 50% of the
+file system, or a size such as 64G). A unit that would not fit under the cap
+is written straight to the image root, as without a staging tier.
+
+Layout: <stage>/<jobid>/gen-N/<unit>, the unit's whole image (the same files
+the image root would get); the job's user owns <stage>/<jobid>.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.slurm.site import Site, expand
+
+MARGIN = 1.2  # a unit's image against the resident memory of its processes
+
+
+def job_stage(site: Site, jobid: str, node: str | None = None) -> Path | None:
+    """<stage>/<jobid> on the node, or None where the site has no staging tier."""
+    if not site.stage:
+        return None
+    return Path(expand(site.stage, node)) / str(jobid)
+
+
+def cap_bytes(cap: str, fs_bytes: int) -> int:
+    """stage_cap= in bytes: `50%` of the staging file system, or `64G`, `512M`, `1T`, bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B?|B?)\s*", cap or "", re.I)
+    if not m:
+        raise GpucrError(f"stage_cap={cap!r} in plugstack.conf is neither a share (50%) nor a size (64G)",
+                         "fix stage_cap= on the gpucr plugin's line")
+    value, unit = float(m.group(1)), m.group(2).upper()[:1]
+    if unit == "%":
+        return int(fs_bytes * min(value, 100.0) / 100)
+    return int(value * 1024 ** " KMGT".index(unit or " "))
+
+
+def used_bytes(root: Path) -> int:
+    """What staged checkpoints of every job take under the stage root now."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+class Budget:
+    """What this node's staging tier can still take, handed out unit by unit."""
+
+    def __init__(self, site: Site, jobid: str):
+        self.dir = job_stage(site, jobid)
+        self.left = 0
+        if self.dir is None:
+            return
+        root = self.dir.parent
+        try:
+            st = os.statvfs(root)
+        except OSError:
+            self.dir = None  # no such directory on this node: straight to the image root
+            return
+        cap = cap_bytes(site.stage_cap, st.f_blocks * st.f_frsize)
+        self.left = min(cap - used_bytes(root), st.f_bavail * st.f_frsize)
+
+    def take(self, need: int) -> bool:
+        """Whether a unit of about `need` bytes is staged (and counted)."""
+        need = int(need * MARGIN)
+        if self.dir is None or need > self.left:
+            return False
+        self.left -= need
+        return True
