@@ -200,6 +200,10 @@ SETTINGS: tuple[Setting, ...] = (
        "the file system allows it. Off by default: on the H100 machine's disk it read slower so "
        "(`scripts/bench_image_io.py` compares both on yours).",
        "python"),
+    _s("GPUCR_DRAIN_WAIT", "seconds", "900",
+       "How long a restarting job waits for its newest checkpoint to be drained from node memory (the "
+       "staging tier, plugstack.conf stage=) to the image root; past it the job is held with the reason.",
+       "python"),
     _s("GPUCR_STAGE_DIR", "path", "/dev/shm",
        "Where a whole-process checkpoint stages CRIU's files before writing them to the image, when it has "
        "room; `off` writes them to the image directly.",

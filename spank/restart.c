@@ -41,8 +41,8 @@ static int prepend_bindir(spank_t sp, const char *bindir, char *err, size_t errl
 }
 
 /* Whether the pointer file <imageroot>/<jobid>/<name> ("gen-N" and the
- * generation's submission, one per line) names a committed generation of
- * this submission. */
+ * generation's submission, one per line) names a committed (or staged)
+ * generation of this submission. */
 static int points_to_mine(const struct gpucr_site *site, uint32_t jobid,
 			  const char *name, const char *submission)
 {
@@ -60,6 +60,10 @@ static int points_to_mine(const struct gpucr_site *site, uint32_t jobid,
 	    strcmp(owner, submission) != 0)
 		return 0;
 	snprintf(path, sizeof(path), "%s/%u/%s/COMMITTED", site->imageroot, jobid, gen);
+	if (access(path, R_OK) == 0)
+		return 1;
+	/* staged in node memory: the restorer waits for its drain (generations.py) */
+	snprintf(path, sizeof(path), "%s/%u/%s/STAGED", site->imageroot, jobid, gen);
 	return access(path, R_OK) == 0;
 }
 

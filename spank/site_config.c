@@ -42,6 +42,8 @@ static const struct key keys[] = {
 	{ "copy_helper", FIELD(copy_helper), 0 },
 	{ "arena_prealloc", FIELD(arena_prealloc), 0 },
 	{ "interval",    FIELD(interval),    0 },
+	{ "stage",       FIELD(stage),       1 },
+	{ "stage_cap",   FIELD(stage_cap),   0 },
 };
 
 long gpucr_parse_interval(const char *v)
@@ -75,6 +77,17 @@ static int prealloc_valid(const char *v)
 	if (*v < '0' || *v > '9' || strtod(v, &end) <= 0)
 		return 0;
 	return !*end || (strchr("KMGkmg", *end) && !end[1]);
+}
+
+/* stage_cap=N% (of the staging file system) or a size: digits with an optional
+ * . part and one of K M G T, or bytes (as gpucr_hpc/job/staging.py reads it). */
+static int stage_cap_valid(const char *v)
+{
+	char *end;
+
+	if (*v < '0' || *v > '9' || strtod(v, &end) < 0)
+		return 0;
+	return !*end || (strchr("%KMGTkmgt", *end) && !end[1]);
 }
 
 /* signal=SIG@SECS: a signal name Slurm's --signal accepts, and the seconds
@@ -121,6 +134,7 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 	/* made ahead by default: the first checkpoint then costs what a later one does */
 	snprintf(site->arena_prealloc, sizeof(site->arena_prealloc), "%s", "auto");
 	snprintf(site->interval, sizeof(site->interval), "%s", DEFAULT_OFF);
+	snprintf(site->stage_cap, sizeof(site->stage_cap), "%s", "50%");
 
 	for (int i = 0; i < ac; i++) {
 		const char *eq = strchr(av[i], '=');
@@ -134,7 +148,7 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 			}
 		}
 		if (!k) {
-			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal= copy_helper= arena_prealloc= interval=)", av[i]);
+			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal= copy_helper= arena_prealloc= interval= stage= stage_cap=)", av[i]);
 			continue;
 		}
 		const char *val = eq + 1;
@@ -156,6 +170,10 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 		}
 		if (!strcmp(k->name, "interval") && gpucr_parse_interval(val) < 0) {
 			rc = set_error(site, "plugstack.conf argument '%s' must be a checkpoint interval such as 3600, 90m or 2h, or off", av[i]);
+			continue;
+		}
+		if (!strcmp(k->name, "stage_cap") && !stage_cap_valid(val)) {
+			rc = set_error(site, "plugstack.conf argument '%s' must be a share such as 50%% or a size such as 64G", av[i]);
 			continue;
 		}
 		if (!strcmp(k->name, "arena_prealloc") && !prealloc_valid(val)) {

@@ -21,6 +21,9 @@ struct gpucr_site {
 	char copy_helper[8];        /* copy_helper=on|off   GPU data via a helper */
 	char arena_prealloc[32];    /* arena_prealloc=auto|SIZE|off  arena ahead */
 	char interval[32];          /* interval=N[smh]|off  periodic checkpoints */
+	char stage[PATH_MAX];       /* stage=DIR        node memory a preemption
+				     *                  writes to first ("": none) */
+	char stage_cap[32];         /* stage_cap=N%|SIZE   what staging may take  */
 	char error[512];            /* first problem found, "" when none         */
 };
 

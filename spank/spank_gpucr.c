@@ -32,6 +32,7 @@
 
 #include <slurm/spank.h>
 
+#include "drain_spawn.h"
 #include "imagedir.h"
 #include "option.h"
 #include "restart.h"
@@ -286,5 +287,6 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 	else if (rc > 0)
 		slurm_info("gpucr: job %u: keeping %s (%s present)", jobid, path,
 			   GPUCR_PERSISTING);
+	gpucr_spawn_drain(&s, jobid);
 	return 0;
 }

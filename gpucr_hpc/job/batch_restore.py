@@ -336,6 +336,10 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
                       "another command held the job", f"gpucr-hpc restore {jobid}") from e
     try:
+        drained = generations.await_drain(job_dir, config.value("GPUCR_SUBMISSION"),
+                                          float(config.value("GPUCR_DRAIN_WAIT")))
+        if drained:
+            log(drained)
         gen = generations.start_target(job_dir, config.value("GPUCR_SUBMISSION"),
                                       config.value("GPUCR_RESTORE_FROM"))
         m = check_generation(gen, jobid)

@@ -50,6 +50,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
@@ -240,6 +241,25 @@ def fail_drain(gen_dir: Path, node: str, why: str) -> Path | None:
         else:
             (job_dir / LATEST).unlink(missing_ok=True)
     return earlier[-1] if earlier else None
+
+
+def await_drain(job_dir: Path, submission: str | None, timeout_s: float, poll_s: float = 0.5) -> str | None:
+    """When LATEST names a staged generation of `submission`: wait until its drain
+    commits it, or fails (LATEST then names the previous committed one). What
+    happened, for restore.log; None where nothing was staged."""
+    path = read_pointer(job_dir, LATEST)
+    if path is None or pointer_submission(job_dir, LATEST) != submission or not (path / STAGED).exists():
+        return None
+    deadline = time.monotonic() + timeout_s
+    while is_staged(path):
+        if time.monotonic() > deadline:
+            raise GpucrError(f"{path.name} is still being drained from node memory to the image root after "
+                             f"{timeout_s:.0f} s", f"once `gpucr-hpc status {Path(job_dir).name}` shows it "
+                             f"committed or its drain failed, gpucr-hpc restore {Path(job_dir).name}")
+        time.sleep(poll_s)
+    if (path / mf.COMMITTED).exists():
+        return f"{path.name} is drained to the image root"
+    return f"{path.name} was not drained ({drain_failure(path)}): the previous checkpoint is restored"
 
 
 def drain_failure(gen_dir: Path) -> str | None:

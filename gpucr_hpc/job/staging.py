@@ -30,12 +30,13 @@ def job_stage(site: Site, jobid: str, node: str | None = None) -> Path | None:
 
 
 def cap_bytes(cap: str, fs_bytes: int) -> int:
-    """stage_cap= in bytes: `50%` of the staging file system, or `64G`, `512M`, `1T`, bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B?|B?)\s*", cap or "", re.I)
+    """stage_cap= in bytes: `50%` of the staging file system, or `64G`, `512M`, `1T`, bytes
+    (what spank/site_config.c lets through)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(%|[KMGT])?", cap or "", re.I)
     if not m:
         raise GpucrError(f"stage_cap={cap!r} in plugstack.conf is neither a share (50%) nor a size (64G)",
                          "fix stage_cap= on the gpucr plugin's line")
-    value, unit = float(m.group(1)), m.group(2).upper()[:1]
+    value, unit = float(m.group(1)), (m.group(2) or "").upper()
     if unit == "%":
         return int(fs_bytes * min(value, 100.0) / 100)
     return int(value * 1024 ** " KMGT".index(unit or " "))
