@@ -212,6 +212,7 @@ def finish_drain(gen_dir: Path, node: str) -> bool:
     gen_dir = Path(gen_dir)
     (gen_dir / DRAINED).mkdir(mode=0o700, exist_ok=True)
     mf.write_atomic(gen_dir / DRAINED / node, b"")
+    _as_owner(gen_dir, gen_dir / DRAINED, gen_dir / DRAINED / node)
     m = json.loads((gen_dir / mf.MANIFEST).read_text())
     if not staged_nodes(m) <= {p.name for p in (gen_dir / DRAINED).iterdir()}:
         return False
@@ -227,12 +228,21 @@ def finish_drain(gen_dir: Path, node: str) -> bool:
     return True
 
 
+def _as_owner(gen_dir: Path, *paths: Path) -> None:
+    """What root's drain writes into a job's generation is the job user's, like the rest."""
+    if os.geteuid() == 0:
+        uid = gen_dir.stat().st_uid
+        for p in paths:
+            os.chown(p, uid, -1)
+
+
 def fail_drain(gen_dir: Path, node: str, why: str) -> Path | None:
     """A drain that failed: DRAIN_FAILED says why, and LATEST goes back to the
     previous committed generation of the submission (returned; None: there is none)."""
     gen_dir = Path(gen_dir)
     job_dir = gen_dir.parent
     mf.write_atomic(gen_dir / DRAIN_FAILED, f"{node}: {why}\n".encode())
+    _as_owner(gen_dir, gen_dir / DRAIN_FAILED)
     submission = generation_submission(gen_dir)
     earlier = [p for p in committed_of(job_dir, submission) if p != gen_dir]
     if read_pointer(job_dir, LATEST) == gen_dir:

@@ -1,0 +1,163 @@
+"""The staging tier without Slurm: what a site's stage_cap= allows, and a node's
+drain of a staged generation (gpucr_hpc.job.drain) on real image files: the
+generation committed once every node holding units of it has drained, or,
+when a drain fails, the reason recorded and the previous committed generation
+the one a start restores (generations.await_drain)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import drain, events, generations, staging
+from gpucr_hpc.slurm.site import load_site
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import manifest as mf
+
+SUBMISSION = "test:0:abc"
+
+
+@pytest.mark.parametrize("cap, fs, want", [
+    ("50%", 1000, 500), ("100%", 1000, 1000), ("250%", 1000, 1000), ("64G", 0, 64 << 30),
+    ("1.5M", 0, 3 << 19), ("4096", 0, 4096), ("2t", 0, 2 << 40)])
+def test_stage_cap_is_a_share_or_a_size(cap, fs, want):
+    assert staging.cap_bytes(cap, fs) == want
+
+
+@pytest.mark.parametrize("cap", ["", "half", "-5%", "64GB", "5 G", "%"])
+def test_a_stage_cap_that_is_neither_is_one_line_naming_the_setting(cap):
+    with pytest.raises(GpucrError, match="stage_cap=") as e:
+        staging.cap_bytes(cap, 1000)
+    assert "\n" not in e.value.one_line()
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A site whose plugstack.conf has a staging tier, as an admin writes it."""
+    (tmp_path / "images").mkdir()
+    for node in ("n1", "n2"):  # made by the admin on each node, like /dev/shm
+        (tmp_path / "stage" / node).mkdir(parents=True, mode=0o1777)
+    (tmp_path / "slurm.conf").write_text("")
+    (tmp_path / "plugstack.conf").write_text(
+        f"optional /usr/local/lib/gpucr/spank_gpucr.so imageroot={tmp_path / 'images'} "
+        f"stage={tmp_path / 'stage'}/%n stage_cap=50%\n")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    for var in ("GPUCR_IMAGE_ROOT", "GPUCR_FAULTS"):
+        monkeypatch.delenv(var, raising=False)
+    return load_site()
+
+
+def test_the_budget_takes_units_until_the_cap(site):
+    st = os.statvfs(Path(site.stage.replace("%n", "n1")))
+    budget = staging.Budget(site, "7")
+    assert budget.dir == Path(site.stage.replace("%n", "n1")) / "7"
+    half = st.f_blocks * st.f_frsize // 2
+    assert budget.left <= half
+    assert budget.take(1 << 20)
+    assert not budget.take(budget.left)  # with the margin, more than is left
+
+
+def unit_image(path: Path, mib: int = 2) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    src = path.parent / f"{path.name}.src"
+    src.write_bytes(os.urandom(mib << 20))
+    w = image_store.ImageWriter(path, mf.new_manifest(kind="process", vendor=None, gpu=None))
+    w.add_copy(src, "criu/pages-1.img")
+    w.commit()
+    src.unlink()
+
+
+def job_generation(site, jobid: str, n: int, staged_on: dict[str, str]) -> Path:
+    """gen-N of the job as the agents leave it: units on the image root, or staged in
+    their node's memory (staged_on: unit -> node), committed or STAGED."""
+    job_dir = Path(site.imageroot) / jobid
+    job_dir.mkdir(exist_ok=True, mode=0o700)
+    gen_dir = job_dir / generations.gen_name(n)
+    gen_dir.mkdir(mode=0o700)
+    units = {}
+    for name, node in staged_on.items():
+        where = (staging.job_stage(site, jobid, node) / gen_dir.name) if node else gen_dir
+        unit_image(where / name)
+        units[name] = {"name": name, "node": node or "n1", "bytes": 2 << 20, **({"staged": True} if node else {})}
+    m = mf.new_manifest(kind="job", vendor=None, gpu=None)
+    m.update(units=units, submission=SUBMISSION, owner_uid=os.geteuid(),
+             nodes=sorted({u["node"] for u in units.values()}))
+    if generations.staged_nodes(m):
+        generations.stage_generation(gen_dir, m)
+    else:
+        generations.commit_generation(gen_dir, m)
+    return gen_dir
+
+
+def drain_with_fault(jobid: str) -> subprocess.CompletedProcess:
+    """`gpucr-hpc drain JOBID` as the epilog starts it, its drain made to fail."""
+    if os.geteuid() != 0:
+        pytest.skip("gpucr-hpc drain runs as root")
+    return subprocess.run([sys.executable, "-m", "gpucr_hpc", "drain", jobid], capture_output=True, text=True,
+                          env=dict(os.environ, GPUCR_FAULTS="drain_fails"))
+
+
+def test_a_staged_generation_is_committed_by_the_last_node_to_drain(site, monkeypatch):
+    gen = job_generation(site, "7", 2, {"rank-0.0": "n1", "rank-0.1": "n2"})
+    job_dir = gen.parent
+    assert generations.is_staged(gen) and generations.read_pointer(job_dir, generations.LATEST) == gen
+    assert drain.drain_job("7") == []
+    assert not (gen / mf.COMMITTED).exists(), "n2's units are still in its memory"
+    assert not staging.job_stage(site, "7", "n1").exists()
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    assert drain.drain_job("7") == []
+    assert (gen / mf.COMMITTED).exists() and not generations.is_staged(gen)
+    for unit in ("rank-0.0", "rank-0.1"):
+        image_store.open_image(gen / unit)
+    assert mf.load(gen) == generations.manifest_of(gen)
+    assert "drained" in (job_dir / "restore.log").read_text()
+    assert generations.await_drain(job_dir, SUBMISSION, timeout_s=1) == "gen-2 is drained to the image root"
+    assert generations.start_target(job_dir, SUBMISSION, None) == gen
+
+
+def test_a_failed_drain_says_why_and_the_previous_generation_is_restored(site):
+    earlier = job_generation(site, "8", 1, {"rank-0.0": ""})
+    gen = job_generation(site, "8", 2, {"rank-0.0": "n1"})
+    job_dir = gen.parent
+    r = drain_with_fault("8")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and "injected" in lines[0], r.stderr
+    assert not (gen / mf.COMMITTED).exists() and not generations.is_staged(gen)
+    assert "injected" in generations.drain_failure(gen)
+    assert generations.read_pointer(job_dir, generations.LATEST) == earlier
+    assert "restores gen-1 instead" in (job_dir / "restore.log").read_text()
+    story = events.read(job_dir)
+    assert story[-1]["what"] == "drain" and not story[-1]["ok"] and "gen-1" in story[-1]["error"]
+    assert not staging.job_stage(site, "8", "n1").exists(), "node memory is given back either way"
+    assert generations.start_target(job_dir, SUBMISSION, None) == earlier
+
+
+def test_a_failed_drain_with_no_earlier_checkpoint_leaves_nothing_to_restore(site):
+    gen = job_generation(site, "9", 1, {"rank-0.0": "n1"})
+    assert drain_with_fault("9").returncode != 0
+    assert generations.read_pointer(gen.parent, generations.LATEST) is None
+    with pytest.raises(GpucrError, match="no committed checkpoint"):
+        generations.start_target(gen.parent, SUBMISSION, None)
+
+
+def test_a_start_waits_for_a_drain_no_longer_than_it_is_told(site):
+    gen = job_generation(site, "10", 1, {"rank-0.0": "n1"})
+    with pytest.raises(GpucrError, match="still being drained") as e:
+        generations.await_drain(gen.parent, SUBMISSION, timeout_s=0.3, poll_s=0.05)
+    assert "gpucr-hpc restore 10" in e.value.one_line()
+    assert generations.is_staged(gen)
+
+
+def test_a_staged_generation_is_kept_by_prune(site):
+    from gpucr_hpc.job import retention
+
+    gen = job_generation(site, "11", 1, {"rank-0.0": "n1"})
+    actions = retention.prune_job(gen.parent, keep=1, states=None, dry_run=False)
+    assert gen.exists()
+    assert [a.action for a in actions if a.generation == gen.name] == ["kept"]
+    assert json.loads((gen / mf.MANIFEST).read_text())["units"]["rank-0.0"]["staged"]
