@@ -1,0 +1,111 @@
+"""Two storage tiers on the real test cluster: with plugstack.conf stage= a
+preemption writes the job's units into node memory, the job ends and its node
+is free before anything reaches the image root; the job epilog starts the
+drain, which makes the generation durable; the restarted job waits for that
+and goes on exactly where it stopped. Twice, the second time with two nodes
+and the job moved to others (so it reads what the drains wrote)."""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slurm, pytest.mark.criu]
+
+if os.geteuid() != 0:
+    pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
+
+from job_helpers import (  # noqa: E402
+    assert_counted_once,
+    counting_script,
+    gpucr,
+    numbers,
+    output_of,
+    plugstack_args,
+    wait_for,
+)
+
+
+@pytest.fixture
+def stage(slurm_cluster):
+    """A staging tier in each node's own folder, made by the admin like /dev/shm."""
+    root = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir="/dev/shm"))
+    root.chmod(0o755)
+    for node in ("n1", "n2", "n3"):
+        (root / node).mkdir(mode=0o1777)
+        (root / node).chmod(0o1777)
+    with plugstack_args(slurm_cluster, f"stage={root}/%n stage_cap=50%"):
+        yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def staged_units(stage: Path, jobid: str) -> list[str]:
+    return sorted(str(p.relative_to(stage)) for p in stage.glob(f"*/{jobid}/gen-*/*") if p.is_dir())
+
+
+def test_a_preempted_job_is_staged_in_node_memory_drained_and_restored(slurm_cluster, workdir, stage):
+    steps = 200
+    log = workdir / "count.txt"
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(counting_script(workdir, log, steps), "--gpucr=on", "-o", str(out))
+    slurm_cluster.wait_state(jobid, "RUNNING")
+    wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+    job_dir = slurm_cluster.state / "images" / jobid
+
+    pre = gpucr(slurm_cluster, "preempt", jobid, "--json")
+    result = json.loads(pre.stdout)
+    assert result["committed"] and result["generation"] == "gen-1", result
+    manifest = json.loads((job_dir / "gen-1" / "manifest.json").read_text())
+    assert all(u.get("staged") for u in manifest["units"].values()), manifest["units"]
+
+    wait_for(lambda: (job_dir / "gen-1" / "COMMITTED").exists(), timeout=120, what="the drain",
+             detail=lambda: slurm_cluster.restore_log(jobid))
+    wait_for(lambda: not staged_units(stage, jobid), timeout=30, what="node memory to be given back")
+    info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+    text = output_of(out)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (text, slurm_cluster.restore_log(jobid))
+    assert_counted_once(log, steps)
+    assert text.count("after python") == 1, text
+    story = slurm_cluster.restore_log(jobid)
+    assert "drained from" in story and "restoring job" in story, story
+    status = json.loads(gpucr(slurm_cluster, "status", jobid, "--json").stdout)
+    assert [g["generation"] for g in status["generations"] if g["committed"]] == ["gen-1"], status
+    assert any(ev.get("what") == "drain" and ev.get("ok") for ev in status["story"]), status["story"]
+
+
+def test_a_two_node_job_staged_on_both_nodes_moves_to_other_nodes(slurm_cluster, workdir, stage):
+    steps = 200
+    ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+echo "after srun rc=$?"
+""")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=1", "-o", str(out))
+    info = slurm_cluster.wait_state(jobid, "RUNNING")
+    first = set(slurm_cluster.run("scontrol", "show", "hostnames", info["NodeList"]).stdout.split())
+    wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), what="both ranks to count")
+    drained = sorted(first)[0]
+    slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
+    try:
+        gpucr(slurm_cluster, "preempt", jobid)
+        job_dir = slurm_cluster.state / "images" / jobid
+        manifest = json.loads((job_dir / "gen-1" / "manifest.json").read_text())
+        assert {u["node"] for u in manifest["units"].values() if u.get("staged")} == first, manifest["units"]
+        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1", what="the requeue")
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+        second = set(slurm_cluster.run("scontrol", "show", "hostnames", info["NodeList"]).stdout.split())
+    finally:
+        slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
+    text = output_of(out)
+    assert info["JobState"] == "COMPLETED", (text, slurm_cluster.restore_log(jobid))
+    assert drained not in second
+    for p in ranks:
+        assert_counted_once(p, steps)
+    assert text.count("after srun rc=0") == 1, text
+    assert sorted((job_dir / "gen-1" / "drained").iterdir()) and not staged_units(stage, jobid)
