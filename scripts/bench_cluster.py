@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +50,18 @@ class Cluster:
         if out.returncode != 0:
             raise BenchError(f"gpucr-hpc {' '.join(args)} failed: {out.stderr.strip()[-2000:]}")
         return wall, json.loads(out.stdout)
+
+    @contextmanager
+    def plugstack_args(self, args: str) -> Iterator[None]:
+        """The plugin's plugstack.conf line with these arguments added, for the
+        duration (the plugin reads it again for every step)."""
+        conf = self.state / "etc" / "plugstack.conf"
+        original = conf.read_text()
+        conf.write_text(original.rstrip("\n") + f" {args}\n")
+        try:
+            yield
+        finally:
+            conf.write_text(original)
 
     def mode(self) -> str:
         net = self.state / "net"

@@ -19,11 +19,17 @@ Per size, in one run:
                  fsync'ed, in the same run; raw_shm_GBps the same into /dev/shm
                  (what a node-local staging tier would take).
 
-Saved: JSON (every record carries gib and node_free_s) and, where matplotlib
-is found, a plot beside it. As root:
+With --tiers each size runs twice, side by side: "direct" (the units written
+to the image root before the job ends) and "staged" (plugstack.conf stage= in
+/dev/shm: the units go to node memory, the job ends, the epilog's drain moves
+them to the image root); a staged record adds drained_s, from the preempt to
+the generation committed on the image root.
+
+Saved: JSON (every record carries gib, tier and node_free_s) and, where
+matplotlib is found, a plot beside it. As root:
 
     GPUCR_TESTCLUSTER_DIR=/tmp/gpucr-tc-bench GPUCR_TESTCLUSTER_PORT=18117 \\
-        python3 scripts/bench_preempt.py --gib 1 4 [--gpu]
+        python3 scripts/bench_preempt.py --gib 1 4 [--gpu] [--tiers]
 """
 
 from __future__ import annotations
@@ -33,11 +39,14 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench_cluster import REPO, TESTCLUSTER, BenchError, Cluster, cluster_env, cluster_is_up, cluster_up, wait_for
@@ -128,8 +137,8 @@ def generation(cluster: Cluster, jobid: str, gen: str) -> tuple[int, dict]:
     return sum(int(u.get("bytes") or 0) for u in manifest["units"].values()), phases
 
 
-def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path) -> dict:
-    d = work / f"gib-{gib:g}"
+def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str = "direct") -> dict:
+    d = work / f"gib-{gib:g}-{tier}"
     d.mkdir(parents=True)
     d.chmod(0o755)
     (d / "ballast.py").write_text(WORKLOAD)
@@ -143,7 +152,7 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path) -> dict:
     try:
         wait_for(lambda: cluster.job(jobid).get("JobState") == "RUNNING" and last_step_time(log) > 0,
                  timeout=300, what=f"job {jobid} to step")
-        rec: dict = {"gib": gib, "where": "gpu" if on_gpu else "host", "jobid": jobid}
+        rec: dict = {"gib": gib, "tier": tier, "where": "gpu" if on_gpu else "host", "jobid": jobid}
         out: dict = {}
 
         def preempt() -> None:
@@ -167,6 +176,10 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path) -> dict:
             raise BenchError(f"preempt of job {jobid} failed: {out['stderr'].strip()[-2000:]}")
         rec["preempt_s"] = round(out["s"], 3)
         result = json.loads(out["stdout"])
+        committed = cluster.state / "images" / jobid / str(result["generation"]) / "COMMITTED"
+        if tier == "staged":
+            wait_for(committed.exists, timeout=900, what=f"the drain of job {jobid}")
+            rec["drained_s"] = round(time.monotonic() - t0, 3)
         wait_for(lambda: last_step_time(log) > wall0 + rec["preempt_s"], timeout=600, what=f"job {jobid} back")
         rec["back_s"] = round(time.monotonic() - t0, 3)
         rec["restored"] = True
@@ -186,6 +199,21 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path) -> dict:
         cluster.run("scancel", jobid, check=False)
 
 
+@contextmanager
+def staging_tier(cluster: Cluster) -> Iterator[None]:
+    """plugstack.conf stage= in /dev/shm, one folder per node as an admin makes them."""
+    root = Path(tempfile.mkdtemp(prefix="gpucr-bench-stage-", dir="/dev/shm"))
+    root.chmod(0o755)
+    for node in cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split():
+        (root / node).mkdir(exist_ok=True)
+        (root / node).chmod(0o1777)
+    try:
+        with cluster.plugstack_args(f"stage={root}/%n"):
+            yield
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def plot(records: list[dict], path: Path) -> bool:
     try:
         import matplotlib
@@ -194,13 +222,17 @@ def plot(records: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4))
-    sizes = [r["gib"] for r in records]
-    for key, label in (("preempt_s", "preempt command"), ("node_free_s", "node free"), ("back_s", "stepping again")):
-        ax.plot(sizes, [r[key] for r in records], marker="o", label=label)
-    ax.plot(sizes, [r["gib"] * 2**30 / 1e9 / r["raw_write_GBps"] for r in records], linestyle="--",
+    for tier in dict.fromkeys(r.get("tier", "direct") for r in records):
+        mine = [r for r in records if r.get("tier", "direct") == tier]
+        sizes = [r["gib"] for r in mine]
+        for key, label in (("node_free_s", "node free"), ("back_s", "stepping again"), ("drained_s", "drained")):
+            if all(key in r for r in mine):
+                ax.plot(sizes, [r[key] for r in mine], marker="o", linestyle="-" if tier == "direct" else "--",
+                        label=f"{tier}: {label}")
+    base = [r for r in records if r.get("tier", "direct") == "direct"]
+    sizes = [r["gib"] for r in base]
+    ax.plot(sizes, [r["gib"] * 2**30 / 1e9 / r["raw_write_GBps"] for r in base], linestyle=":", color="gray",
             label="the bytes at the image root's raw write rate")
-    ax.plot(sizes, [r["gib"] * 2**30 / 1e9 / r["raw_shm_GBps"] for r in records], linestyle=":",
-            label="the bytes at /dev/shm's write rate")
     ax.set_xlabel("GiB held by the job")
     ax.set_ylabel("seconds from `gpucr-hpc preempt`")
     ax.set_title(f"Preempt: how long the job holds its node ({records[0]['where']} memory)")
@@ -215,6 +247,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, nargs="+", default=[1.0, 4.0], help="sizes the job holds, GiB")
     ap.add_argument("--gpu", action="store_true", help="hold GPU memory (PyTorch) instead of host memory")
+    ap.add_argument("--tiers", action="store_true", help="each size also with a staging tier in /dev/shm")
     ap.add_argument("--out", type=Path, help="the JSON (default: bench/results/preempt-node-free-DATE.json)")
     ap.add_argument("--replot", type=Path, help="only draw the plot of a saved JSON, beside it")
     args = ap.parse_args(argv)
@@ -232,9 +265,14 @@ def main(argv=None) -> int:
     try:
         cluster = cluster_up(env)
         for gib in args.gib:
-            rec = one_size(cluster, gib, args.gpu, tmp)
-            records.append(rec)
-            print(json.dumps(rec), flush=True)
+            for tier in ("direct", "staged") if args.tiers else ("direct",):
+                if tier == "staged":
+                    with staging_tier(cluster):
+                        rec = one_size(cluster, gib, args.gpu, tmp, tier)
+                else:
+                    rec = one_size(cluster, gib, args.gpu, tmp, tier)
+                records.append(rec)
+                print(json.dumps(rec), flush=True)
     except BenchError as e:
         print(f"bench_preempt: {e}", file=sys.stderr)
         return 1
@@ -246,10 +284,12 @@ def main(argv=None) -> int:
            "cluster_mode": cluster.mode(), "records": records}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{'GiB':>5} {'preempt':>8} {'node free':>10} {'back':>7} {'image GB/s':>11} {'raw disk':>9} {'raw shm':>8}")
+    print(f"{'GiB':>5} {'tier':>7} {'preempt':>8} {'node free':>10} {'drained':>8} {'back':>7} {'raw disk':>9} "
+          f"{'raw shm':>8}")
     for r in records:
-        print(f"{r['gib']:>5g} {r['preempt_s']:>7.2f}s {r['node_free_s']:>9.2f}s {r['back_s']:>6.2f}s "
-              f"{r['image_write_GBps']:>11.2f} {r['raw_write_GBps']:>9.2f} {r['raw_shm_GBps']:>8.2f}")
+        drained = f"{r['drained_s']:>7.2f}s" if "drained_s" in r else f"{'-':>8}"
+        print(f"{r['gib']:>5g} {r['tier']:>7} {r['preempt_s']:>7.2f}s {r['node_free_s']:>9.2f}s {drained} "
+              f"{r['back_s']:>6.2f}s {r['raw_write_GBps']:>9.2f} {r['raw_shm_GBps']:>8.2f}")
     if records and plot(records, out_path.with_suffix(".png")):
         print(f"plot: {out_path.with_suffix('.png')}")
     print(f"saved: {out_path}")

@@ -102,3 +102,20 @@ def test_a_destination_that_holds_files_is_never_touched(tmp_path):
         drain.drain_image(staged, dest)
     assert (dest / "keep").read_text() == "theirs"
 
+
+
+def test_a_file_dumped_into_node_memory_unhashed_is_checksummed_by_the_drain(tmp_path):
+    staged = tmp_path / "stage" / "u"
+    w = image_store.ImageWriter(staged, mf.new_manifest(kind="process", vendor=None, gpu=None))
+    (w.path / "criu").mkdir()
+    (w.path / "criu" / "pages-1.img").write_bytes(os.urandom(3 << 20))
+    w.add_unhashed("criu/pages-1.img")
+    w.commit()
+    with pytest.raises(GpucrError, match="has no checksum"):
+        image_store.open_image(staged)
+    dest = tmp_path / "root" / "u"
+    drain.drain_image(staged, dest)
+    rec = mf.load(dest)["files"]["criu/pages-1.img"]
+    assert rec["size"] == 3 << 20 and len(rec["sha256_blocks"]) == 1
+    image_store.open_image(dest)
+    assert contents(dest)["criu/pages-1.img"] == contents(staged)["criu/pages-1.img"]

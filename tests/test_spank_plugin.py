@@ -513,7 +513,9 @@ def test_site_fast_path_reaches_every_task(spank):
 
 
 @pytest.mark.parametrize("arg,says", [("copy_helper=yes", "must be on or off"),
-                                      ("arena_prealloc=lots", "must be auto, off or a size such as 80G")])
+                                      ("arena_prealloc=lots", "must be auto, off or a size such as 80G"),
+                                      ("stage_cap=half", "must be a share such as 50% or a size such as 64G"),
+                                      ("stage=dev/shm", "must be an absolute path")])
 def test_bad_fast_path_argument_fails_only_gpucr_jobs(spank, arg, says):
     key, value = arg.split("=")
     spank.configure(spank.line(**{key: value}))

@@ -80,7 +80,7 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded:
     node memory, where the unit's image goes instead (staging.py)."""
     image_dir = (stage or gen_dir) / unit.name
     rep = process_image.checkpoint_to(unit.pid, image_dir, leave_running=True, stay_yielded=stay_yielded,
-                                      tcp_lock=(tcp or {}).get("lock"),
+                                      tcp_lock=(tcp or {}).get("lock"), checksums=stage is None,
                                       on_phase=lambda phase, n: progress.emit(unit.node, unit.name, phase, n))
     progress.emit(unit.node, unit.name, "done", rep["bytes"])
     saved, script = {}, None

@@ -138,7 +138,7 @@ def _stage_root(need: int) -> Path | None:
 def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
                   stay_yielded: bool = False, timeout_ms: int | None = None,
                   run_dir: Path | None = None, tcp_lock: str | None = None,
-                  on_phase: Callable[[str, int], None] | None = None) -> dict:
+                  on_phase: Callable[[str, int], None] | None = None, checksums: bool = True) -> dict:
     """Image of the tree of `pid` in to_dir. leave_running: the tree runs on, its GPU
     state brought back; with stay_yielded it runs on without it (its VRAM stays yielded,
     its GPU calls wait) until it is ended, or `image_gpu.resume_held` brings it back:
@@ -148,7 +148,10 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
     (default shim_client.default_run_dir()). tcp_lock: dump established TCP
     connections, the network locked by CRIU ("nftables") or by the caller ("skip":
     a job's agents lock every connection of its units, criu/netlock). on_phase(phase,
-    bytes so far): told as each phase begins ("gpu", "dump", "write", "commit")."""
+    bytes so far): told as each phase begins ("gpu", "dump", "write", "commit").
+    checksums=False: to_dir is in node memory (a job's staging tier): CRIU dumps
+    straight into it and its files are checksummed by the drain that copies them to
+    the image root (store/drain.py), not here, while the node waits."""
     t0 = time.monotonic()
     said = on_phase or (lambda phase, nbytes: None)
     timings: dict[str, float] = {}
@@ -191,7 +194,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
             timings.update({f"gpu_{k}": v for k, v in gpu.timings.items()})
             timings["gpu_released_s"] = (gpu.released_at or time.monotonic()) - t
         # 3. CPU: CRIU dump, to node-local tmpfs when it fits.
-        root = _stage_root(int(criu_mod.rss_bytes(tree) * 1.2) + (64 << 20))
+        root = _stage_root(int(criu_mod.rss_bytes(tree) * 1.2) + (64 << 20)) if checksums else None
         stage = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir=root)) if root else None
         dump_dir = stage if stage else to_dir / image_store.CRIU_SUBDIR
         dump_dir.mkdir(exist_ok=True, mode=0o700)
@@ -221,7 +224,8 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
         else:
             criu_bytes = 0
             for p in sorted((to_dir / image_store.CRIU_SUBDIR).iterdir()):
-                criu_bytes += writer.add_written(f"{image_store.CRIU_SUBDIR}/{p.name}")
+                rel = f"{image_store.CRIU_SUBDIR}/{p.name}"
+                criu_bytes += writer.add_written(rel) if checksums else writer.add_unhashed(rel)
         timings["persist_s"] = time.monotonic() - t
         # 5. Commit.
         said("commit", (gpu.bytes if gpu else 0) + criu_bytes)

@@ -6,8 +6,10 @@ preemptor without waiting for the file system. The drain then copies every
 file of the committed staged image to its place on the image root, checking
 each against the sha256 the staged manifest recorded (a bad page in memory
 or a short write stops it), fsyncs files and directories, and writes the
-same manifest and COMMITTED last: the drained image is the staged one, byte
-for byte, and durable.
+manifest and COMMITTED last: the drained image is the staged one, byte for
+byte, and durable. Files CRIU dumped straight into node memory have no
+checksum there yet (the node should not wait for one): the drain makes it as
+it copies them, and the drained manifest records it.
 
 A drain that fails for any reason (disk full, a checksum, the file system
 gone) removes what it wrote and says why in one line; the staged image is
@@ -25,7 +27,9 @@ from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
 
 
-def _copy_checked(src: Path, dst: Path, rec: dict) -> None:
+def _copy_checked(src: Path, dst: Path, rec: dict) -> dict:
+    """Copy one file; its record as the drained image has it: checked against the
+    staged record's checksum, or checksummed now where the staged one has none."""
     dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     size, blocks = image_store.copy_with_block_sha256(src, dst)
     if size != rec["size"]:
@@ -33,11 +37,14 @@ def _copy_checked(src: Path, dst: Path, rec: dict) -> None:
                          "the staged image is damaged; the job restores from its previous generation")
     if "sha256_blocks" in rec:
         good = rec.get("block_bytes") == image_store.HASH_BLOCK and blocks == rec["sha256_blocks"]
-    else:
+    elif "sha256" in rec:
         good = mf.sha256_file(dst) == rec["sha256"]
+    else:  # dumped straight into node memory: its checksum is made here, off the node's time
+        return {"size": size, "sha256_blocks": blocks, "block_bytes": image_store.HASH_BLOCK}
     if not good:
         raise GpucrError(f"{src} does not match its checksum in the staged manifest",
                          "the staged image is damaged; the job restores from its previous generation")
+    return rec
 
 
 def drain_image(staged: Path, dest: Path) -> int:
@@ -49,15 +56,19 @@ def drain_image(staged: Path, dest: Path) -> int:
     created = not dest.exists()
     try:
         image_store.prepare_new(dest)
+        files = {}
         for rel, rec in sorted((m.get("files") or {}).items(), key=lambda kv: -kv[1]["size"]):
             if ".." in Path(rel).parts or Path(rel).is_absolute():
                 raise GpucrError(f"staged image {staged}: bad file name {rel!r}", "checkpoint the job again")
-            _copy_checked(staged / rel, dest / rel, rec)
+            files[rel] = _copy_checked(staged / rel, dest / rel, rec)
         for root, dirs, _files in os.walk(dest):
             for d in dirs:
                 mf.fsync_dir(Path(root) / d)
-        mf.write_atomic(dest / mf.MANIFEST, data)
-        mf.write_atomic(dest / mf.COMMITTED, marker)
+        if files == (m.get("files") or {}):  # every file had its checksum: the same image, byte for byte
+            mf.write_atomic(dest / mf.MANIFEST, data)
+            mf.write_atomic(dest / mf.COMMITTED, marker)
+        else:
+            mf.commit(dest, {**m, "files": files})
         if m.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
             image_store.chown_tree(dest, m["owner_uid"])
         mf.fsync_dir(dest.parent)

@@ -165,6 +165,14 @@ class ImageWriter:
         mf.add_file(self.manifest, rel, size, digest)
         return size
 
+    def add_unhashed(self, rel: str) -> int:
+        """Record a file written into an image in node memory by its size alone: the
+        drain to the image root checksums it (store/drain.py)."""
+        size = (self.path / rel).stat().st_size
+        self.manifest["files"][rel] = {"size": size}
+        self.manifest["total_bytes"] = sum(f["size"] for f in self.manifest["files"].values())
+        return size
+
     def add_blocks(self, rel: str, size: int, digests: list[str]) -> int:
         """Record a file already written and fsync'd into the image, with the sha256 of
         each of its HASH_BLOCKs (block_digests, made while it was fsync'd)."""
@@ -252,6 +260,9 @@ def verify(path: Path, manifest: dict, workers: int = 2, defer: frozenset[str] =
 
     def check(item):
         rel, rec = item
+        if "sha256_blocks" not in rec and "sha256" not in rec:
+            raise GpucrError(f"image {path}: {rel} has no checksum (an image in node memory, never drained)",
+                             "restore from the image root's copy once it is drained")
         if "sha256_blocks" in rec:
             if rec.get("block_bytes") != HASH_BLOCK:
                 raise GpucrError(f"image {path}: {rel} was checksummed in blocks of {rec.get('block_bytes')} "
