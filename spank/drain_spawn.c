@@ -49,7 +49,19 @@ int gpucr_spawn_drain(const struct gpucr_site *site, uint32_t jobid)
 		}
 		for (int i = 3; i < 1024; i++)
 			close(i);
-		setenv("SLURMD_NODENAME", node, 1);
+		/* Not the job's environment: the drain is the node's, not a process of the job. */
+		{
+			const char *conf = getenv("SLURM_CONF");
+			char keep[4096] = "";
+
+			if (conf)
+				snprintf(keep, sizeof(keep), "%s", conf);
+			clearenv();
+			setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
+			if (keep[0])
+				setenv("SLURM_CONF", keep, 1);
+			setenv("SLURMD_NODENAME", node, 1);
+		}
 		execl(site->cli, site->cli, "drain", id, (char *)NULL);
 		_exit(127);
 	}

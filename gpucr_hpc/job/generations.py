@@ -157,33 +157,29 @@ def claim(job_dir: Path, submission: str | None) -> None:
 
 def commit_generation(gen_dir: Path, manifest: dict) -> None:
     """manifest + COMMITTED (atomic), then LATEST, then prune the submission's old generations."""
-    mf.commit(gen_dir, manifest)
-    job_dir = gen_dir.parent
-    submission = manifest.get("submission")
-    write_pointer(job_dir, LATEST, gen_dir, submission)
-    claim(job_dir, submission)
-    uid = manifest.get("owner_uid")
-    if os.geteuid() == 0 and uid is not None:
-        for p in (gen_dir, gen_dir / mf.MANIFEST, gen_dir / mf.COMMITTED, job_dir / LATEST,
-                  job_dir / SUBMISSION):
-            if p.exists():
-                os.chown(p, uid, -1)
-    prune(job_dir, submission)
+    _publish(gen_dir, manifest, mf.COMMITTED)
+    prune(gen_dir.parent, manifest.get("submission"))
 
 
 def stage_generation(gen_dir: Path, manifest: dict) -> None:
     """manifest + STAGED (its checksum, as COMMITTED has), then LATEST: the job's
     next start restores this generation once its drain has made it durable."""
+    _publish(gen_dir, manifest, STAGED)
+
+
+def _publish(gen_dir: Path, manifest: dict, marker_name: str) -> None:
+    """The manifest, the marker that vouches for it (its checksum), LATEST and the
+    submission; all the job user's."""
     data = mf.encode(manifest)
     mf.write_atomic(gen_dir / mf.MANIFEST, data)
-    mf.write_atomic(gen_dir / STAGED, mf.marker(data))
+    mf.write_atomic(gen_dir / marker_name, mf.marker(data))
     job_dir = gen_dir.parent
     submission = manifest.get("submission")
     write_pointer(job_dir, LATEST, gen_dir, submission)
     claim(job_dir, submission)
     uid = manifest.get("owner_uid")
     if os.geteuid() == 0 and uid is not None:
-        for p in (gen_dir, gen_dir / mf.MANIFEST, gen_dir / STAGED, job_dir / LATEST, job_dir / SUBMISSION):
+        for p in (gen_dir, gen_dir / mf.MANIFEST, gen_dir / marker_name, job_dir / LATEST, job_dir / SUBMISSION):
             if p.exists():
                 os.chown(p, uid, -1)
 
