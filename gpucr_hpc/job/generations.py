@@ -25,7 +25,7 @@ staging tier (plugstack.conf stage=) writes its units into node memory, marks
 the generation STAGED and points LATEST at it, so the job can end at once; the
 drain (job/drain.py, started by the job epilog on each such node) copies them
 to the image root and writes COMMITTED. A start that finds LATEST staged waits
-for that (staged_outcome).
+for that (await_drain).
 
 A generation belongs to one *submission* of the job: its manifest's
 "submission" is the job's GPUCR_SUBMISSION, `<cluster>:<uid>:<token>`, where
