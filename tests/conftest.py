@@ -116,6 +116,24 @@ def slurm_cluster():
         subprocess.run([str(TESTCLUSTER), "down"], capture_output=True, timeout=120)
 
 
+@pytest.fixture(autouse=True)
+def _images_of_ended_jobs_removed(request):
+    """After each cluster test, the image directories of jobs Slurm no longer runs or
+    holds: a torch job's generations take a GB or more, and a whole run's would fill
+    a small CI disk (it did, mid-run, as ENOSPC in a later test's checkpoint)."""
+    yield
+    if "slurm_cluster" not in request.fixturenames:
+        return
+    cluster = request.getfixturevalue("slurm_cluster")
+    queue = cluster.run("squeue", "-h", "-o", "%A", check=False)
+    if queue.returncode != 0:
+        return  # Slurm cannot say which jobs live: keep everything
+    alive = set(queue.stdout.split())
+    for d in (cluster.state / "images").iterdir():
+        if d.is_dir() and d.name.isdigit() and d.name not in alive:
+            shutil.rmtree(d, ignore_errors=True)
+
+
 # --- fixtures of the job and user tests (their helpers: job_helpers.py, user_helpers.py)
 
 @pytest.fixture
