@@ -190,3 +190,20 @@ def test_gpu_data_checked_as_it_is_loaded_is_skipped_by_open_but_not_its_size(tm
     del m2["files"]["process-1.h5"]["sha256_blocks"]
     with pytest.raises(GpucrError, match="no per-block checksums"):
         image_store.block_checksums(m2, "process-1.h5")
+
+
+def test_a_full_file_system_is_named_with_what_is_free_there(tmp_path):
+    with pytest.raises(OSError) as full, open("/dev/full", "wb", buffering=0) as f:
+        f.write(b"x" * 4096)  # the kernel's own ENOSPC
+    err = image_store.full_disk(full.value, tmp_path / "gen-2")
+    assert err is not None
+    line = err.one_line()
+    assert f"the file system of {tmp_path}/gen-2 is full (" in line and "MiB free)" in line, line
+    assert "free space there" in line
+
+
+def test_an_error_that_is_not_a_full_disk_is_left_as_it_is(tmp_path):
+    with pytest.raises(OSError) as missing:
+        (tmp_path / "absent").read_bytes()
+    assert image_store.full_disk(missing.value, tmp_path) is None
+    assert image_store.full_disk(ValueError("x"), tmp_path) is None

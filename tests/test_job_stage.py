@@ -109,3 +109,48 @@ echo "after srun rc=$?"
         assert_counted_once(p, steps)
     assert text.count("after srun rc=0") == 1, text
     assert sorted((job_dir / "gen-1" / "drained").iterdir()) and not staged_units(stage, jobid)
+
+
+def test_a_job_back_on_the_node_that_staged_it_reads_node_memory_preempted_twice(slurm_cluster, workdir, stage):
+    """The drain comes late here (as behind a slow image root): the job, pinned to
+    its node, starts again before its generation is durable and reads it from that
+    node's memory; the drain then commits it all the same, and a second preemption
+    of the restored job goes the same way."""
+    cli = slurm_cluster.state / "etc" / "gpucr-late-drain"
+    cli.write_text(f'#!/bin/sh\n[ "$1" = drain ] && sleep 20\nexec {configured_cli(slurm_cluster)} "$@"\n')
+    cli.chmod(0o755)
+    steps = 500
+    log = workdir / "count.txt"
+    out = workdir / "job.out"
+    with plugstack_args(slurm_cluster, f"cli={cli}"):
+        jobid = slurm_cluster.sbatch(counting_script(workdir, log, steps), "--gpucr=on", "-w", "n1",
+                                     "-o", str(out))
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+        job_dir = slurm_cluster.state / "images" / jobid
+        for n in (1, 2):
+            gen = job_dir / f"gen-{n}"
+            gpucr(slurm_cluster, "preempt", jobid)
+            wait_for(lambda n=n: slurm_cluster.job(jobid).get("Restarts") == str(n)
+                     and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120, what=f"restart {n}")
+            at = len(numbers(log))
+            wait_for(lambda at=at: len(numbers(log)) > at + 5, timeout=120, what=f"counting after restart {n}",
+                     detail=lambda: (output_of(out), slurm_cluster.restore_log(jobid)))
+            story = slurm_cluster.restore_log(jobid)
+            assert f"batch of gen-{n} read from node memory on n1" in story, story
+            wait_for(lambda gen=gen: (gen / "COMMITTED").exists(), timeout=120, what=f"the drain of gen-{n}",
+                     detail=lambda: slurm_cluster.restore_log(jobid))
+            wait_for(lambda: not staged_units(stage, jobid), timeout=60, what="node memory to be given back")
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+    text = output_of(out)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (text, slurm_cluster.restore_log(jobid))
+    assert_counted_once(log, steps)
+    assert text.count("after python") == 1, text
+    status = json.loads(gpucr(slurm_cluster, "status", jobid, "--json").stdout)
+    assert [g["generation"] for g in status["generations"] if g["committed"]] == ["gen-1", "gen-2"], status
+
+
+def configured_cli(cluster) -> str:
+    """The cli= the test cluster's plugstack.conf names (what the late drain runs)."""
+    return next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split()
+                if w.startswith("cli="))

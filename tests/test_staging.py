@@ -8,12 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import drain, events, generations, staging
+from gpucr_hpc.job import batch_restore, drain, events, generations, staging, unit_source
 from gpucr_hpc.slurm.site import load_site
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
@@ -85,7 +88,7 @@ def job_generation(site, jobid: str, n: int, staged_on: dict[str, str]) -> Path:
         unit_image(where / name)
         units[name] = {"name": name, "node": node or "n1", "bytes": 2 << 20, **({"staged": True} if node else {})}
     m = mf.new_manifest(kind="job", vendor=None, gpu=None)
-    m.update(units=units, submission=SUBMISSION, owner_uid=os.geteuid(),
+    m.update(units=units, submission=SUBMISSION, owner_uid=os.geteuid(), job={"id": int(jobid)},
              nodes=sorted({u["node"] for u in units.values()}))
     if generations.staged_nodes(m):
         generations.stage_generation(gen_dir, m)
@@ -161,3 +164,75 @@ def test_a_staged_generation_is_kept_by_prune(site):
     assert gen.exists()
     assert [a.action for a in actions if a.generation == gen.name] == ["kept"]
     assert json.loads((gen / mf.MANIFEST).read_text())["units"]["rank-0.0"]["staged"]
+
+
+def test_a_restore_on_the_staging_node_reads_node_memory_and_the_drain_waits_for_it(site):
+    gen = job_generation(site, "12", 1, {"rank-0.0": "n1"})
+    unit = generations.manifest_of(gen)["units"]["rank-0.0"]
+    copy = staging.job_stage(site, "12", "n1") / "gen-1" / "rank-0.0"
+    with ExitStack() as reading:
+        assert unit_source.locate(gen, unit, "12", reading, verified=False) == (copy, True, unit_source.MEMORY)
+        errors: list = []
+        drainer = threading.Thread(target=lambda: errors.extend(drain.drain_job("12")))
+        drainer.start()
+        deadline = time.monotonic() + 30
+        while not (gen / mf.COMMITTED).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (gen / mf.COMMITTED).exists(), "the drain commits while the restore reads"
+        drainer.join(0.5)
+        assert drainer.is_alive() and copy.is_dir(), "node memory is kept while a restore reads it"
+    drainer.join(30)
+    assert not drainer.is_alive() and errors == []
+    assert not copy.parent.exists(), "and given back once the restore is done"
+    image_store.open_image(gen / "rank-0.0")  # the durable copy, with its checksums
+
+
+def test_a_staged_image_of_the_wrong_size_is_not_read_from_node_memory(site):
+    gen = job_generation(site, "13", 1, {"rank-0.0": "n1"})
+    unit = generations.manifest_of(gen)["units"]["rank-0.0"]
+    pages = staging.job_stage(site, "13", "n1") / "gen-1" / "rank-0.0" / "criu" / "pages-1.img"
+    os.truncate(pages, 4096)
+    with ExitStack() as reading, pytest.raises(GpucrError, match="truncated or corrupt"):
+        unit_source.locate(gen, unit, "13", reading, verified=True)
+
+
+def test_a_restore_on_another_node_reads_the_image_root_once_drained(site, monkeypatch):
+    gen = job_generation(site, "14", 1, {"rank-0.0": "n1"})
+    unit = generations.manifest_of(gen)["units"]["rank-0.0"]
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    monkeypatch.setenv("GPUCR_DRAIN_WAIT", "0.3")
+    with ExitStack() as reading, pytest.raises(GpucrError, match="still being drained"):
+        unit_source.locate(gen, unit, "14", reading, verified=True)
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    assert drain.drain_job("14") == []
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    with ExitStack() as reading:
+        # drained after the batch restore began: this restore checks the checksums itself
+        assert unit_source.locate(gen, unit, "14", reading, verified=False) == (
+            gen / "rank-0.0", False, unit_source.IMAGE_ROOT)
+
+
+def test_a_restore_of_a_generation_whose_drain_failed_says_so(site, monkeypatch):
+    job_generation(site, "15", 1, {"rank-0.0": ""})
+    gen = job_generation(site, "15", 2, {"rank-0.0": "n1"})
+    unit = generations.manifest_of(gen)["units"]["rank-0.0"]
+    assert drain_with_fault("15").returncode != 0
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    with ExitStack() as reading, pytest.raises(GpucrError, match="its drain failed") as e:
+        unit_source.locate(gen, unit, "15", reading, verified=True)
+    assert "injected" in e.value.one_line() and "\n" not in e.value.one_line()
+
+
+def test_a_start_on_the_node_that_staged_the_script_does_not_wait_for_the_drain(site, monkeypatch):
+    gen = job_generation(site, "16", 1, {"batch": "n1", "rank-0.0": "n2"})
+    job_dir = gen.parent
+    monkeypatch.setenv("GPUCR_SUBMISSION", SUBMISSION)
+    batch_restore.open_log(job_dir)
+    assert batch_restore.from_memory(job_dir) == gen
+    m = batch_restore.check_generation(gen, "16")
+    assert m[batch_restore.UNITS_CHECKED] is False, "its units are checked where they are read"
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    assert batch_restore.from_memory(job_dir) is None, "a start elsewhere waits for the drain"
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    generations.write_pointer(job_dir, generations.RESTORE, gen, SUBMISSION)
+    assert batch_restore.from_memory(job_dir) is None, "gpucr-hpc restore --from picks a committed one"

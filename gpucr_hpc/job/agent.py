@@ -43,6 +43,7 @@ from gpucr_hpc.job.connections import Socket
 from gpucr_hpc.job.units import Unit, local_units, mpi_process
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.slurm.site import load_site, node_name
+from gpucr_hpc.store import files as image_files
 from gpucr_hpc.store import manifest as mf
 
 
@@ -192,13 +193,14 @@ def prepare(job: dict, gen_dir: Path, units: list[Unit], run_dir: Path,
                              len(set(nccl or []) & set(criu_mod.process_tree(u.pid))), stages.get(u.name))
                    for u in units]
         done, errors = [], []
-        for f in futures:
+        for u, f in zip(units, futures):
             try:
                 done.append(f.result())
             except GpucrError as e:
                 errors.append(e.one_line())
             except Exception as e:  # noqa: BLE001 - any failure is a "no" vote
-                errors.append(f"{type(e).__name__}: {e}")
+                full = image_files.full_disk(e, stages.get(u.name) or gen_dir)
+                errors.append(f"{u.name} on {node}: {full.one_line() if full else f'{type(e).__name__}: {e}'}")
     return {"node": node, "ok": not errors, "units": done, "errors": errors,
             "prepare_s": time.monotonic() - t0, "submission": submission_of(run_dir)}
 

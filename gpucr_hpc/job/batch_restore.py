@@ -39,7 +39,7 @@ from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import generations, nccl_ranks, rank_connections, restore_cap
+from gpucr_hpc.job import generations, nccl_ranks, rank_connections, restore_cap, unit_source
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.process import nccl_cut
@@ -120,24 +120,31 @@ def unreadable(e: OSError) -> str:
     return f"cannot read {e.filename}: {e.strerror}" if e.filename else f"a file cannot be read: {e.strerror or e}"
 
 
+# Set on the manifest check_generation returns (never written to disk): its units'
+# images on the image root were checked, so a restore need not read them twice.
+UNITS_CHECKED = "units_checked"
+
+
 def check_generation(gen: Path, jobid: str) -> dict:
     """Every unit image is committed and intact before anything is touched."""
     older = (f"restore an older generation: gpucr-hpc restore {jobid} --from N "
              f"(gpucr-hpc ls {jobid} lists them)")
+    staged = generations.is_staged(gen)  # its units: checked where they are read (unit_source)
     try:
-        m = mf.load(gen)
+        m = generations.manifest_of(gen)
         image_store.verify(gen, m)
     except GpucrError as e:
         raise UnusableGeneration(f"{gen.name} is not usable", e.cause, older) from e
     except OSError as e:  # an unreadable file is a bad image like any other: the job is held
         raise UnusableGeneration(f"{gen.name} is not usable", unreadable(e), older) from e
-    for name in m.get("units", {}):
+    for name in m.get("units", {}) if not staged else ():
         try:
             image_store.open_image(gen / name)
         except GpucrError as e:
             raise UnusableGeneration(f"{gen.name} has no usable image of {name}", e.cause, older) from e
         except OSError as e:
             raise UnusableGeneration(f"{gen.name} has no usable image of {name}", unreadable(e), older) from e
+    m[UNITS_CHECKED] = not staged
     return m
 
 
@@ -166,7 +173,7 @@ def register(run_dir: Path, unit: dict, pid: int) -> None:
     tmp.rename(tasks / name)
 
 
-def provide_batch_script(gen: Path, unit: dict) -> list[Path]:
+def provide_batch_script(image: Path) -> list[Path]:
     """bash keeps its script open: the restored shell needs it at its old path.
 
     On a cluster that path (slurmd's spool) is the same on every node and the
@@ -179,7 +186,7 @@ def provide_batch_script(gen: Path, unit: dict) -> list[Path]:
     created: list[Path] = []
     if not script:
         return created
-    for rec in mf.load(gen / unit["name"]).get("open_files") or []:
+    for rec in mf.load(image).get("open_files") or []:
         old = Path(rec["path"])
         if old.name == Path(script).name and not old.exists():
             if not old.parent.exists():
@@ -200,17 +207,44 @@ def remove_created(paths: list[Path]) -> None:
 
 def restore_unit(gen: Path, unit: dict, site, jobid: str,
                  inherit: dict[int, str] | None = None, moved: dict[str, str] | None = None,
-                 lock: netlock.Spec | None = None) -> dict:
+                 lock: netlock.Spec | None = None, verified: bool = True) -> dict:
     """Restore one unit in a new PID namespace and record it in this node's registry.
     moved: its TCP ends that are elsewhere now (job/rank_connections); lock: the
-    lock on its connections to other ranks, taken before CRIU runs."""
+    lock on its connections to other ranks, taken before CRIU runs; verified:
+    check_generation checked the generation's images on the image root."""
     # The shim's control socket is bound under the run dir of the node it ran on
     # (of the job id it ran as: a resubmitted job has a new one).
-    old_id = str(mf.load(gen)["job"]["id"])
+    old_id = str(generations.manifest_of(gen)["job"]["id"])
     old_run_dir = site.job_run_dir(old_id, unit["node"])
+    with ExitStack() as reading:  # node memory stays until CRIU and the GPU data are in
+        source, checked, where = unit_source.locate(gen, unit, old_id, reading, verified)
+        created = recreate_paths(source, unit, old_id, old_run_dir, jobid)
+        t0 = time.monotonic()
+        try:
+            rep = process_image.restore_from(source, pidns="new", rewind_files=True, inherit=inherit,
+                                             checksums_verified=checked, tied=True, moved=moved, lock=lock)
+        finally:
+            remove_created(created)  # the restored shell holds it open by now
+    log(f"{unit['name']} of {gen.name} read from {where} on {node_name()}, restored in "
+        f"{time.monotonic() - t0:.2f} s")
+    if unit["name"] == "batch" and unit.get("nccl"):  # the script's own ranks: all in this tree
+        try:
+            nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir, reload=True)
+        except GpucrError:
+            # ranks without communicators cannot run on; the job is held by the caller,
+            # and its hold must not be what ends them (it may fail)
+            end_tree(rep["pid"], rep["_launcher"])
+            raise
+    register(site.job_run_dir(jobid), unit, rep["pid"])
+    return rep
+
+
+def recreate_paths(image: Path, unit: dict, old_id: str, old_run_dir: Path, jobid: str) -> list[Path]:
+    """The unit's old run dir, and the batch script at its old path: what the
+    restored processes find open. Returns what was created for the restore only."""
     try:
         old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        created = provide_batch_script(gen, unit) if unit["name"] == "batch" else []
+        return provide_batch_script(image) if unit["name"] == "batch" else []
     except OSError as e:
         if old_id != str(jobid):
             raise GpucrError(f"cannot recreate {e.filename} of job {old_id}, which job {jobid} "
@@ -223,23 +257,6 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
                          f"give every node the same run dir and spool paths (no %n), or restore "
                          f"it on {unit['node']}: scontrol update jobid={jobid} nodelist={unit['node']}, "
                          f"then gpucr-hpc restore {jobid}") from e
-    try:
-        # check_generation verified every unit before the job's restore began.
-        rep = process_image.restore_from(gen / unit["name"], pidns="new", rewind_files=True,
-                                   inherit=inherit, checksums_verified=True, tied=True, moved=moved,
-                                         lock=lock)
-    finally:
-        remove_created(created)  # the restored shell holds it open by now
-    if unit["name"] == "batch" and unit.get("nccl"):  # the script's own ranks: all in this tree
-        try:
-            nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir, reload=True)
-        except GpucrError:
-            # ranks without communicators cannot run on; the job is held by the caller,
-            # and its hold must not be what ends them (it may fail)
-            end_tree(rep["pid"], rep["_launcher"])
-            raise
-    register(site.job_run_dir(jobid), unit, rep["pid"])
-    return rep
 
 
 def rank_back(job_dir: Path, procid: int) -> None:
@@ -272,7 +289,7 @@ def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = N
     argv = ["srun", f"--nodes={len(set(placed))}", f"--ntasks={len(ranks)}", "--gpucr=off",
             "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
             "--distribution=arbitrary", sys.executable, "-m", "gpucr_hpc.job.rank_restore",
-            "--gen-dir", str(gen)]
+            "--gen-dir", str(gen)] + ["--unchecked"] * (not m.get(UNITS_CHECKED, False))
     # The job's submission token stays: the plugin makes the job's run dir for this
     # --gpucr=off step only in a --gpucr=on job, which the token tells.
     env = {k: v for k, v in os.environ.items()
@@ -336,12 +353,14 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
                       "another command held the job", f"gpucr-hpc restore {jobid}") from e
     try:
-        drained = generations.await_drain(job_dir, config.value("GPUCR_SUBMISSION"),
-                                          float(config.value("GPUCR_DRAIN_WAIT")))
-        if drained:
-            log(drained)
-        gen = generations.start_target(job_dir, config.value("GPUCR_SUBMISSION"),
-                                      config.value("GPUCR_RESTORE_FROM"))
+        gen = from_memory(job_dir)
+        if gen is None:
+            drained = generations.await_drain(job_dir, config.value("GPUCR_SUBMISSION"),
+                                              float(config.value("GPUCR_DRAIN_WAIT")))
+            if drained:
+                log(drained)
+            gen = generations.start_target(job_dir, config.value("GPUCR_SUBMISSION"),
+                                          config.value("GPUCR_RESTORE_FROM"))
         m = check_generation(gen, jobid)
     except UnusableGeneration as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e
@@ -385,6 +404,21 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     return m, gen, batch
 
 
+def from_memory(job_dir: Path) -> Path | None:
+    """The staged generation the job restores at once, before its drain ends: where
+    the script's tree was staged on this very node, its image is read from node
+    memory (unit_source). None: the start waits for the drain, as a move must."""
+    gen = generations.staged_start(job_dir, config.value("GPUCR_SUBMISSION"))
+    if gen is None:
+        return None
+    m = generations.manifest_of(gen)
+    batch = m["units"].get("batch")
+    if batch is None or unit_source.in_memory_here(gen, batch, str(m["job"]["id"])) is None:
+        return None
+    log(f"{gen.name} is still draining; the script's tree is read from {node_name()}'s memory")
+    return gen
+
+
 def ranks_of(m: dict) -> list[dict]:
     return sorted((u for u in m["units"].values() if u["name"].startswith("rank-")), key=lambda u: u["rank"])
 
@@ -402,16 +436,17 @@ def restore_batch_unit(gen: Path, m: dict, site, jobid: str, hold: ExitStack) ->
     `hold`, let go once every rank is back (restore_rank_step)."""
     unit = m["units"]["batch"]
     tcp = unit.get("tcp") or {}
+    checked = m.get(UNITS_CHECKED, False)
     if not tcp:
-        return restore_unit(gen, unit, site, jobid)
+        return restore_unit(gen, unit, site, jobid, verified=checked)
     moved = rank_connections.moves(unit, where_now(m))
     if not tcp.get("links"):
-        return restore_unit(gen, unit, site, jobid, moved=moved)
+        return restore_unit(gen, unit, site, jobid, moved=moved, verified=checked)
     lease = netlock.Lease(rank_connections.lock_name(jobid, unit), rank_connections.flows(unit, moved),
                           float(config.value("GPUCR_LOCK_LEASE")), taken=True)
     with ExitStack() as mine:
         mine.enter_context(lease)
-        rep = restore_unit(gen, unit, site, jobid, moved=moved, lock=lease.spec)
+        rep = restore_unit(gen, unit, site, jobid, moved=moved, lock=lease.spec, verified=checked)
         if tcp.get("peers"):
             hold.push(mine.pop_all())
     return rep

@@ -8,7 +8,8 @@ as its data is out of the GPU and off the processes. When the job has ended
 on the node, the plugin's epilog starts this, outside the job: every staged
 unit is drained to the image root (store/drain.py: checked against its
 checksums, durable), this node's drained/ mark is written, and the node that
-drains last commits the generation (generations.finish_drain).
+drains last commits the generation (generations.finish_drain). A restore of the job on this node
+reads the staged copies meanwhile (job/unit_source.py); they go once it is done.
 
 A drain that fails (a full or missing image root, a damaged staged file): the
 generation gets DRAIN_FAILED with the reason, LATEST goes back to the previous
@@ -44,6 +45,15 @@ def drain_generation(staged: Path, gen_dir: Path, node: str) -> dict:
     return {"bytes": total, "drain_s": time.monotonic() - t0, "committed": committed}
 
 
+def give_back(staged: Path) -> None:
+    """The staged copies go, once no restore on this node reads them (staging.held)."""
+    try:
+        with staging.held(staged, exclusive=True):
+            shutil.rmtree(staged, ignore_errors=True)
+    except OSError:
+        shutil.rmtree(staged, ignore_errors=True)
+
+
 def drain_job(jobid: str) -> list[str]:
     """Drain every staged generation of the job on this node; one line per failure."""
     site = load_site()
@@ -76,7 +86,7 @@ def drain_job(jobid: str) -> list[str]:
             events.record(job_dir, uid, what="drain", ok=True, generation=gen_dir.name, nodes=[node],
                           took_s=rep["drain_s"])
         finally:
-            shutil.rmtree(staged, ignore_errors=True)
+            give_back(staged)
     try:
         os.rmdir(root)
     except OSError:

@@ -256,16 +256,35 @@ def await_drain(job_dir: Path, submission: str | None, timeout_s: float, poll_s:
     path = read_pointer(job_dir, LATEST)
     if path is None or pointer_submission(job_dir, LATEST) != submission or not (path / STAGED).exists():
         return None
-    deadline = time.monotonic() + timeout_s
-    while is_staged(path):
-        if time.monotonic() > deadline:
-            raise GpucrError(f"{path.name} is still being drained from node memory to the image root after "
-                             f"{timeout_s:.0f} s", f"once `gpucr-hpc status {Path(job_dir).name}` shows it "
-                             f"committed or its drain failed, gpucr-hpc restore {Path(job_dir).name}")
-        time.sleep(poll_s)
-    if (path / mf.COMMITTED).exists():
+    if await_settled(path, timeout_s, poll_s):
         return f"{path.name} is drained to the image root"
     return f"{path.name} was not drained ({drain_failure(path)}): the previous checkpoint is restored"
+
+
+def await_settled(gen_dir: Path, timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Wait while a staged generation drains: True once committed, False if its drain
+    failed; a GpucrError when the wait runs out."""
+    gen_dir = Path(gen_dir)
+    deadline = time.monotonic() + timeout_s
+    while is_staged(gen_dir):
+        if time.monotonic() > deadline:
+            job = gen_dir.parent.name
+            raise GpucrError(f"{gen_dir.name} is still being drained from node memory to the image root after "
+                             f"{timeout_s:.0f} s", f"once `gpucr-hpc status {job}` shows it committed or its "
+                             f"drain failed, gpucr-hpc restore {job}")
+        time.sleep(poll_s)
+    return (gen_dir / mf.COMMITTED).exists()
+
+
+def staged_start(job_dir: Path, submission: str | None) -> Path | None:
+    """The generation a start restores while it is still staged (LATEST, not pinned
+    away by RESTORE): it can be read from node memory before its drain ends."""
+    path = read_pointer(job_dir, LATEST)
+    if (not submission or path is None or pointer_submission(job_dir, LATEST) != submission
+            or (read_pointer(job_dir, RESTORE) and pointer_submission(job_dir, RESTORE) == submission)
+            or not is_staged(path)):
+        return None
+    return path
 
 
 def drain_failure(gen_dir: Path) -> str | None:

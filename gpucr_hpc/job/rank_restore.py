@@ -20,13 +20,12 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import nccl_ranks, rank_connections
+from gpucr_hpc.job import generations, nccl_ranks, rank_connections
 from gpucr_hpc.job.batch_restore import RANKS_BACK, give_up, log, open_log, rank_back, ranks_of, restore_unit
 from gpucr_hpc.job.batch_restore import say as kept_say
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS
 from gpucr_hpc.slurm.site import load_site
-from gpucr_hpc.store import manifest as mf
 
 LAUNCH_SETTLE_S = 3.0
 
@@ -97,6 +96,8 @@ def say(msg: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gpucr_hpc.job.rank_restore")
     p.add_argument("--gen-dir", required=True)
+    p.add_argument("--unchecked", action="store_true",
+                   help="the batch restore began before the drain: check this rank's image here")
     args = p.parse_args(argv)
     started = time.monotonic()
     gen = Path(args.gen_dir)
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
         say(f"gpucr: rank {procid} not restored: {stale}")
         return 1
     try:
-        m = mf.load(gen)
+        m = generations.manifest_of(gen)
         ranks = ranks_of(m)
         unit = ranks[procid]
         moved: dict[str, str] = {}
@@ -123,7 +124,8 @@ def main(argv=None) -> int:
                                                          rank_connections.flows(unit, moved),
                                                          float(config.value("GPUCR_LOCK_LEASE")), taken=True)).spec
                 held = bool(unit["tcp"].get("peers"))
-        rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved, lock=spec)
+        rep = restore_unit(gen, unit, load_site(), jobid, inherit=stdio_inherit(unit), moved=moved, lock=spec,
+                           verified=not args.unchecked)
     except (GpucrError, IndexError) as e:
         lease.close()
         msg = e.one_line() if isinstance(e, GpucrError) else f"no rank {procid} in {gen}"

@@ -8,12 +8,20 @@ is written straight to the image root, as without a staging tier.
 
 Layout: <stage>/<jobid>/gen-N/<unit>, the unit's whole image (the same files
 the image root would get); the job's user owns <stage>/<jobid>.
+
+A restore on the node that staged a unit reads it there (job/unit_source.py)
+under a shared flock of <stage>/<jobid>/gen-N; the drain takes it exclusively
+before it removes the folder, so node memory is never pulled from under a
+restore that reads it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
@@ -27,6 +35,18 @@ def job_stage(site: Site, jobid: str, node: str | None = None) -> Path | None:
     if not site.stage:
         return None
     return Path(expand(site.stage, node)) / str(jobid)
+
+
+@contextmanager
+def held(folder: Path, exclusive: bool) -> Iterator[None]:
+    """A staged generation's folder, read (shared) or about to go (exclusive); the
+    lock dies with its holder, so a killed restore never blocks a drain."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
 
 
 def cap_bytes(cap: str, fs_bytes: int) -> int:

@@ -35,6 +35,22 @@ HASH_BLOCK = 64 << 20   # large files are checksummed per block, in parallel
 HASH_WORKERS = 8
 
 
+def full_disk(e: BaseException, where: Path) -> GpucrError | None:
+    """The one line for a write that found its file system full or over quota, naming
+    the place and what is free there; None for any other error."""
+    if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    place = Path(e.filename) if e.filename else where
+    probe = next((p for p in (place, *place.parents) if p.exists()), place)
+    try:
+        free = f"{os.statvfs(probe).f_bavail * os.statvfs(probe).f_frsize / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    what = "over its quota" if e.errno == errno.EDQUOT else "full"
+    return GpucrError(f"the file system of {where} is {what} ({free})",
+                      "free space there or raise the quota, then try again")
+
+
 def process_h5_name(pid: int) -> str:
     return f"process-{pid}.h5"
 
@@ -233,10 +249,12 @@ def check_owner(path: Path, manifest: dict | None, euid: int | None = None) -> N
                              "restore it as its owner or as root")
 
 
-def verify(path: Path, manifest: dict, workers: int = 2, defer: frozenset[str] = frozenset()) -> None:
+def verify(path: Path, manifest: dict, workers: int = 2, defer: frozenset[str] = frozenset(),
+           sizes_only: bool = False) -> None:
     """Every listed file is present with its size and sha256; nothing unlisted under criu/.
     defer: files whose sha256 the caller checks itself as it reads them (the GPU data,
-    gpu_image.load_process), so they are read once; their size is still checked here."""
+    gpu_image.load_process), so they are read once; their size is still checked here.
+    sizes_only: an image in node memory, whose checksums the drain makes later."""
     path = Path(path)
     files = manifest.get("files") or {}
     for rel, rec in files.items():
@@ -257,6 +275,8 @@ def verify(path: Path, manifest: dict, workers: int = 2, defer: frozenset[str] =
                 if rel not in files:
                     raise GpucrError(f"image {path}: {rel} is not in the manifest",
                                      "the image was changed after it was committed; restore from another copy")
+    if sizes_only:
+        return
 
     def check(item):
         rel, rec = item

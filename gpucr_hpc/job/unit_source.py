@@ -1,0 +1,58 @@
+"""Where a restore reads a unit's image from: node memory or the image root.
+
+A generation a preemption staged (job/staging.py) can be restored before its
+drain ends. A unit restored on the node that staged it reads its image from
+that node's memory, under a shared lock that keeps the drain from removing it
+meanwhile; its files are checked by size, as their checksums are made by the
+drain. A unit restored on another node waits until the drain has made the
+generation durable and reads the image root; a drain that failed leaves it
+nothing to read, and the restore fails with the reason (the job is held).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from pathlib import Path
+
+from gpucr_hpc import config
+from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import generations, staging
+from gpucr_hpc.slurm.site import load_site, node_name
+from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import manifest as mf
+
+MEMORY = "node memory"
+IMAGE_ROOT = "image root"
+
+
+def in_memory_here(gen: Path, unit: dict, staged_as: str) -> Path | None:
+    """The unit's staged image on this node, where it still is (staged_as: the
+    job id it was checkpointed under)."""
+    if not unit.get("staged") or unit["node"] != node_name() or not generations.is_staged(gen):
+        return None
+    folder = staging.job_stage(load_site(), staged_as)
+    copy = folder / gen.name / unit["name"] if folder else None
+    return copy if copy is not None and copy.is_dir() else None
+
+
+def locate(gen: Path, unit: dict, staged_as: str, reading: ExitStack, verified: bool) -> tuple[Path, bool, str]:
+    """(image dir, whether its checksums are already checked, where it is). `reading`
+    holds node memory until the caller's restore is done. verified: the caller
+    checked the generation's checksums at the image root (check_generation)."""
+    copy = in_memory_here(gen, unit, staged_as)
+    if copy is not None:
+        try:
+            reading.enter_context(staging.held(copy.parent, exclusive=False))
+        except OSError:
+            copy = None  # the drain removed it just now
+    if copy is not None and copy.is_dir():
+        image_store.verify(copy, mf.load(copy), sizes_only=True)
+        return copy, True, MEMORY
+    if generations.is_staged(gen):
+        generations.await_settled(gen, float(config.value("GPUCR_DRAIN_WAIT")))
+        verified = False  # drained after the caller's check_generation
+    why = generations.drain_failure(gen)
+    if why is not None:
+        raise GpucrError(f"{gen.name} is not on the image root: its drain failed ({why})",
+                         f"gpucr-hpc restore {gen.parent.name} --from N restores an earlier checkpoint")
+    return gen / unit["name"], verified, IMAGE_ROOT
