@@ -2,8 +2,9 @@
 preemption writes the job's units into node memory, the job ends and its node
 is free before anything reaches the image root; the job epilog starts the
 drain, which makes the generation durable; the restarted job waits for that
-and goes on exactly where it stopped. Twice, the second time with two nodes
-and the job moved to others (so it reads what the drains wrote)."""
+and goes on exactly where it stopped: with two nodes and the job moved to
+others, it reads what the drains wrote; back on the nodes that staged it
+before the drains are done, it reads their memory (twice in a row)."""
 
 import json
 import os
@@ -148,6 +149,38 @@ def test_a_job_back_on_the_node_that_staged_it_reads_node_memory_preempted_twice
     assert text.count("after python") == 1, text
     status = json.loads(gpucr(slurm_cluster, "status", jobid, "--json").stdout)
     assert [g["generation"] for g in status["generations"] if g["committed"]] == ["gen-1", "gen-2"], status
+
+
+def test_a_two_node_job_back_on_its_nodes_reads_each_nodes_memory(slurm_cluster, workdir, stage):
+    """Its ranks too: each restored on the node that staged it, from that node's memory."""
+    cli = slurm_cluster.state / "etc" / "gpucr-late-drain"
+    cli.write_text(f'#!/bin/sh\n[ "$1" = drain ] && sleep 20\nexec {configured_cli(slurm_cluster)} "$@"\n')
+    cli.chmod(0o755)
+    steps = 300
+    ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+echo "after srun rc=$?"
+""")
+    out = workdir / "job.out"
+    with plugstack_args(slurm_cluster, f"cli={cli}"):
+        jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-w", "n1,n2", "--ntasks-per-node=1", "-o", str(out))
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), what="both ranks to count")
+        gpucr(slurm_cluster, "preempt", jobid)
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+    text = output_of(out)
+    story = slurm_cluster.restore_log(jobid)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (text, story)
+    for unit, node in (("batch", "n1"), ("rank-0.0", "n1"), ("rank-0.1", "n2")):
+        assert f"{unit} of gen-1 read from node memory on {node}" in story, story
+    for p in ranks:
+        assert_counted_once(p, steps)
+    assert text.count("after srun rc=0") == 1, text
+    wait_for(lambda: (slurm_cluster.state / "images" / jobid / "gen-1" / "COMMITTED").exists(), timeout=120,
+             what="the drains to commit gen-1", detail=lambda: slurm_cluster.restore_log(jobid))
+    wait_for(lambda: not staged_units(stage, jobid), timeout=60, what="node memory to be given back")
 
 
 def configured_cli(cluster) -> str:
