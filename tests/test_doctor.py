@@ -91,6 +91,36 @@ def test_an_image_root_others_can_write_fails(tmp_path):
     assert c.ok is False and "0777" in c.detail and "chmod 0755" in c.fix
 
 
+def test_the_staging_tier_is_node_memory_every_user_can_write(monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    assert checks.stage(Site(plugstack=None)).ok is None
+    root = Path(tempfile.mkdtemp(prefix="gpucr-doctor-stage-", dir="/dev/shm"))
+    try:
+        (root / "n1").mkdir()
+        (root / "n1").chmod(0o1777)
+        good = checks.stage(Site(plugstack=None, stage=f"{root}/%n", stage_cap="25%"))
+        assert good.ok is True and f"{root}/n1 on tmpfs" in good.detail and "stage_cap=25%" in good.detail
+        (root / "n1").chmod(0o755)
+        closed = checks.stage(Site(plugstack=None, stage=f"{root}/%n"))
+        assert closed.ok is False and "0755" in closed.detail and "chmod 1777" in closed.fix
+        missing = checks.stage(Site(plugstack=None, stage=f"{root}/nowhere"))
+        assert missing.ok is False and "mkdir -m 1777" in missing.fix
+        (root / "n1").chmod(0o1777)
+        bad_cap = checks.stage(Site(plugstack=None, stage=f"{root}/n1", stage_cap="half"))
+        assert bad_cap.ok is False and "stage_cap=" in bad_cap.detail
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_staging_tier_on_a_disk_is_named_as_such(tmp_path):
+    (tmp_path / "stage").mkdir()
+    (tmp_path / "stage").chmod(0o1777)
+    c = checks.stage(Site(plugstack=None, stage=str(tmp_path / "stage")))
+    kind = checks.fs_type(tmp_path)
+    assert c.ok is True
+    assert ("not node memory" in c.detail) == (kind not in checks.MEMORY_FS), (kind, c.detail)
+
+
 def test_a_gpu_node_without_the_sites_gpu_feature_fails():
     site = ["gpu_h100", "gpu_a100"]
     ok = checks.gpu_features(["NVIDIA H100 80GB HBM3"], "n1", {"gpu_h100", "ib"}, site)

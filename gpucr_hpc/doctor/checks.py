@@ -212,6 +212,53 @@ def arena(site) -> Check:
     return Check("arena", True, f"{path}: {free / 2**30:.1f} GiB free{pages}")
 
 
+MEMORY_FS = ("tmpfs", "hugetlbfs")
+
+
+def fs_type(path: Path) -> str:
+    """The type of the file system `path` is on (/proc/self/mountinfo: the deepest mount above it)."""
+    best, kind = "", "unknown"
+    real = os.path.realpath(path)
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return kind
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        mount = left.split()[4].replace("\\040", " ")
+        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
+            best, kind = mount, right.split()[0]
+    return kind
+
+
+def stage(site) -> Check:
+    """The staging tier (plugstack stage=): node memory every job user can write to."""
+    from gpucr_hpc.job import staging
+    from gpucr_hpc.slurm.site import expand
+
+    if not site.stage:
+        return Check("staging tier", None, "plugstack stage= is not set: a preemption writes to the image root")
+    path = Path(expand(site.stage))
+    try:
+        st = path.stat()
+        fs = os.statvfs(path)
+        cap = staging.cap_bytes(site.stage_cap, fs.f_blocks * fs.f_frsize)
+    except GpucrError as e:
+        return Check("staging tier", False, e.cause, e.fix)
+    except OSError as e:
+        return Check("staging tier", False, f"{path} (stage=): {e.strerror}",
+                     f"mkdir -m 1777 {path} on every node, on a tmpfs or hugetlbfs")
+    mode = stat.S_IMODE(st.st_mode)
+    if not stat.S_ISDIR(st.st_mode) or mode != 0o1777:
+        return Check("staging tier", False, f"{path} (stage=) is mode {mode:04o}: job users cannot stage there",
+                     f"chmod 1777 {path}, as /dev/shm is")
+    kind = fs_type(path)
+    note = "" if kind in MEMORY_FS else f"; it is on {kind}, not node memory: a preemption waits for that disk"
+    used = staging.used_bytes(path)
+    return Check("staging tier", True, f"{path} on {kind}: cap {cap / 2**30:.1f} GiB (stage_cap={site.stage_cap}), "
+                 f"{used / 2**30:.1f} GiB staged now{note}")
+
+
 def gpu() -> Check:
     if not shutil.which("nvidia-smi"):
         return Check("gpu", None, "no nvidia-smi: a CPU node")
@@ -267,7 +314,7 @@ def run_all() -> list[Check]:
         criu_version, criu_dumps_here, pycriu, nft, lambda: plug, root_helper, node_key, gpu]
     if site is not None:  # what the plugstack line names
         checks += [lambda: installed_files(site), lambda: image_root(site), lambda: arena(site),
-                   lambda: gpu_feature(site)]
+                   lambda: stage(site), lambda: gpu_feature(site)]
     out: list[Check] = []
     for c in checks:
         try:
