@@ -201,8 +201,9 @@ SETTINGS: tuple[Setting, ...] = (
        "(`scripts/bench_image_io.py` compares both on yours).",
        "python"),
     _s("GPUCR_DRAIN_WAIT", "seconds", "900",
-       "How long a restarting job waits for its newest checkpoint to be drained from node memory (the "
-       "staging tier, plugstack.conf stage=) to the image root; past it the job is held with the reason.",
+       "How long a restarting job, or a rank restored on another node than the one that staged it, waits "
+       "for its newest checkpoint to be drained from node memory (the staging tier, plugstack.conf stage=) "
+       "to the image root; past it the job is held with the reason.",
        "python"),
     _s("GPUCR_STAGE_DIR", "path", "/dev/shm",
        "Where a whole-process checkpoint stages CRIU's files before writing them to the image, when it has "
