@@ -25,11 +25,21 @@ to the image root before the job ends) and "staged" (plugstack.conf stage= in
 them to the image root); a staged record adds drained_s, from the preempt to
 the generation committed on the image root.
 
+With --restore each size runs three ways, all staged but the first, to time the
+restore itself (`restore_s`, the script's tree read and restored, from
+restore.log, and `restore_from`, where it was read): "direct, same node" (the
+job pinned to its node, the image root read back from the page cache),
+"staged, same node" (pinned: node memory, where the job is back before the
+drain is done) and "staged, moved" (the job held until the drain is done, the
+page cache dropped and its node drained, so that another node reads the image
+root cold); beside them `raw_read_GBps`, the image root read cold in 64 MiB
+blocks in the same run, and `restore_GBps`, the image's bytes over restore_s.
+
 Saved: JSON (every record carries gib, tier and node_free_s) and, where
 matplotlib is found, a plot beside it. As root:
 
     GPUCR_TESTCLUSTER_DIR=/tmp/gpucr-tc-bench GPUCR_TESTCLUSTER_PORT=18117 \\
-        python3 scripts/bench_preempt.py --gib 1 4 [--gpu] [--tiers]
+        python3 scripts/bench_preempt.py --gib 1 4 [--gpu] [--tiers | --restore]
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -111,6 +122,39 @@ def rate(path: Path, gib: float, sync: bool) -> float:
     return round(total / took / 1e9, 2)
 
 
+def read_rate(path: Path, gib: float) -> float:
+    """GB/s of reading gib GiB back from path's file system cold (the page cache dropped)."""
+    block = os.urandom(BLOCK)
+    total = int(gib * 2**30)
+    with open(path, "wb") as f:
+        done = 0
+        while done < total:
+            done += f.write(block[:min(BLOCK, total - done)])
+        os.fsync(f.fileno())
+    drop_page_cache()
+    t0 = time.monotonic()
+    with open(path, "rb", buffering=0) as f:
+        while f.read(BLOCK):
+            pass
+    took = time.monotonic() - t0
+    path.unlink()
+    return round(total / took / 1e9, 2)
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def restore_record(cluster: Cluster, jobid: str, gen: str) -> dict:
+    """The script's tree's restore as restore.log tells it: where it was read, and how long."""
+    log = cluster.state / "images" / jobid / "restore.log"
+    m = re.search(rf"batch of {gen} read from (.+?) on (\S+), restored in ([\d.]+) s", log.read_text())
+    if not m:
+        raise BenchError(f"restore.log of job {jobid} does not say how the batch of {gen} was restored")
+    return {"restore_from": m.group(1), "restore_node": m.group(2), "restore_s": float(m.group(3))}
+
+
 def last_step_time(log: Path) -> float:
     try:
         lines = log.read_text().split("\n")
@@ -137,8 +181,11 @@ def generation(cluster: Cluster, jobid: str, gen: str) -> tuple[int, dict]:
     return sum(int(u.get("bytes") or 0) for u in manifest["units"].values()), phases
 
 
-def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str = "direct") -> dict:
-    d = work / f"gib-{gib:g}-{tier}"
+def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str = "direct",
+             place: str = "") -> dict:
+    """place: "" (anywhere), "same" (pinned to its node), "moved" (held until durable,
+    the page cache dropped, restored on another node)."""
+    d = work / f"gib-{gib:g}-{tier}{'-' + place if place else ''}"
     d.mkdir(parents=True)
     d.chmod(0o755)
     (d / "ballast.py").write_text(WORKLOAD)
@@ -146,13 +193,20 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
     script.write_text(f"#!/bin/bash\nexec {sys.executable} {d}/ballast.py {d} {gib} {'gpu' if on_gpu else 'host'}\n")
     script.chmod(0o755)
     extra = ["--gres=gpu:1"] if on_gpu else []
+    first = cluster.run("sinfo", "-h", "-N", "-t", "idle", "-o", "%N").stdout.split()[:1]
+    if place == "same" and first:
+        extra += ["-w", first[0]]
     jobid = cluster.run("sbatch", "--parsable", "--gpucr=on", "-N1", "-n1", "-o", str(d / "job.out"), *extra,
                         str(script)).stdout.strip().split(";")[0]
     log = d / "steps.txt"
     try:
         wait_for(lambda: cluster.job(jobid).get("JobState") == "RUNNING" and last_step_time(log) > 0,
                  timeout=300, what=f"job {jobid} to step")
-        rec: dict = {"gib": gib, "tier": tier, "where": "gpu" if on_gpu else "host", "jobid": jobid}
+        rec: dict = {"gib": gib, "tier": tier, "where": "gpu" if on_gpu else "host", "jobid": jobid,
+                     **({"place": place} if place else {})}
+        ran_on = cluster.nodes(jobid)
+        if place == "moved":  # held at its requeue until the bench lets it go, cold, elsewhere
+            cluster.run("scontrol", "update", f"NodeName={ran_on[0]}", "State=DRAIN", "Reason=gpucr-bench")
         out: dict = {}
 
         def preempt() -> None:
@@ -176,10 +230,15 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
             raise BenchError(f"preempt of job {jobid} failed: {out['stderr'].strip()[-2000:]}")
         rec["preempt_s"] = round(out["s"], 3)
         result = json.loads(out["stdout"])
+        if place == "moved":
+            cluster.run("scontrol", "hold", jobid)
         committed = cluster.state / "images" / jobid / str(result["generation"]) / "COMMITTED"
         if tier == "staged":
             wait_for(committed.exists, timeout=900, what=f"the drain of job {jobid}")
             rec["drained_s"] = round(time.monotonic() - t0, 3)
+        if place == "moved":
+            drop_page_cache()
+            cluster.run("scontrol", "release", jobid)
         wait_for(lambda: last_step_time(log) > wall0 + rec["preempt_s"], timeout=600, what=f"job {jobid} back")
         rec["back_s"] = round(time.monotonic() - t0, 3)
         rec["restored"] = True
@@ -194,9 +253,15 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
         images = cluster.state / "images"
         rec["raw_write_GBps"] = rate(images / f".bench-{jobid}", gib, sync=True)
         rec["raw_shm_GBps"] = rate(Path("/dev/shm") / f".gpucr-bench-{jobid}", gib, sync=False)
+        if place:
+            rec.update(restore_record(cluster, jobid, str(result["generation"])))
+            rec["restore_GBps"] = round(nbytes / rec["restore_s"] / 1e9, 2)
+            rec["raw_read_GBps"] = read_rate(images / f".bench-read-{jobid}", gib)
         return rec
     finally:
         cluster.run("scancel", jobid, check=False)
+        if place == "moved":
+            cluster.run("scontrol", "update", f"NodeName={ran_on[0]}", "State=RESUME", check=False)
 
 
 @contextmanager
@@ -214,6 +279,10 @@ def staging_tier(cluster: Cluster) -> Iterator[None]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def way_of(rec: dict) -> str:
+    return rec.get("tier", "direct") + (f", {rec['place']} node" if rec.get("place") else "")
+
+
 def plot(records: list[dict], path: Path) -> bool:
     try:
         import matplotlib
@@ -222,20 +291,23 @@ def plot(records: list[dict], path: Path) -> bool:
     except ImportError:
         return False
     fig, ax = plt.subplots(figsize=(7, 4))
-    for tier in dict.fromkeys(r.get("tier", "direct") for r in records):
-        mine = [r for r in records if r.get("tier", "direct") == tier]
+    for way in dict.fromkeys(way_of(r) for r in records):
+        mine = [r for r in records if way_of(r) == way]
         sizes = [r["gib"] for r in mine]
-        for key, label in (("node_free_s", "node free"), ("back_s", "stepping again"), ("drained_s", "drained")):
+        keys = (("restore_s", "restore"),) if "restore_s" in mine[0] else (
+            ("node_free_s", "node free"), ("back_s", "stepping again"), ("drained_s", "drained"))
+        for key, label in keys:
             if all(key in r for r in mine):
-                ax.plot(sizes, [r[key] for r in mine], marker="o", linestyle="-" if tier == "direct" else "--",
-                        label=f"{tier}: {label}")
+                ax.plot(sizes, [r[key] for r in mine], marker="o", linestyle="-" if way == "direct" else "--",
+                        label=f"{way}: {label}")
     base = [r for r in records if r.get("tier", "direct") == "direct"]
     sizes = [r["gib"] for r in base]
-    ax.plot(sizes, [r["gib"] * 2**30 / 1e9 / r["raw_write_GBps"] for r in base], linestyle=":", color="gray",
-            label="the bytes at the image root's raw write rate")
+    rate_key = "raw_read_GBps" if "raw_read_GBps" in base[0] else "raw_write_GBps"
+    ax.plot(sizes, [r["gib"] * 2**30 / 1e9 / r[rate_key] for r in base], linestyle=":", color="gray",
+            label=f"the bytes at the image root's raw {rate_key.split('_')[1]} rate")
     ax.set_xlabel("GiB held by the job")
     ax.set_ylabel("seconds from `gpucr-hpc preempt`")
-    ax.set_title(f"Preempt: how long the job holds its node ({records[0]['where']} memory)")
+    ax.set_title(f"Preempt and restore of a job ({records[0]['where']} memory)")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -243,11 +315,20 @@ def plot(records: list[dict], path: Path) -> bool:
     return True
 
 
+def runs(args) -> list[tuple[str, str]]:
+    """(tier, place) of each run per size."""
+    if args.restore:
+        return [("direct", "same"), ("staged", "same"), ("staged", "moved")]
+    return [("direct", ""), ("staged", "")] if args.tiers else [("direct", "")]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gib", type=float, nargs="+", default=[1.0, 4.0], help="sizes the job holds, GiB")
     ap.add_argument("--gpu", action="store_true", help="hold GPU memory (PyTorch) instead of host memory")
     ap.add_argument("--tiers", action="store_true", help="each size also with a staging tier in /dev/shm")
+    ap.add_argument("--restore", action="store_true",
+                    help="each size restored on its node from the image root and from node memory, and moved")
     ap.add_argument("--out", type=Path, help="the JSON (default: bench/results/preempt-node-free-DATE.json)")
     ap.add_argument("--replot", type=Path, help="only draw the plot of a saved JSON, beside it")
     args = ap.parse_args(argv)
@@ -265,12 +346,12 @@ def main(argv=None) -> int:
     try:
         cluster = cluster_up(env)
         for gib in args.gib:
-            for tier in ("direct", "staged") if args.tiers else ("direct",):
+            for tier, place in runs(args):
                 if tier == "staged":
                     with staging_tier(cluster):
-                        rec = one_size(cluster, gib, args.gpu, tmp, tier)
+                        rec = one_size(cluster, gib, args.gpu, tmp, tier, place)
                 else:
-                    rec = one_size(cluster, gib, args.gpu, tmp, tier)
+                    rec = one_size(cluster, gib, args.gpu, tmp, tier, place)
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
     except BenchError as e:
@@ -288,8 +369,10 @@ def main(argv=None) -> int:
           f"{'raw shm':>8}")
     for r in records:
         drained = f"{r['drained_s']:>7.2f}s" if "drained_s" in r else f"{'-':>8}"
+        restored = (f"  restore {r['restore_s']:.2f}s from {r['restore_from']} on {r['restore_node']} "
+                    f"({r['restore_GBps']} GB/s; raw cold read {r['raw_read_GBps']} GB/s)") if "restore_s" in r else ""
         print(f"{r['gib']:>5g} {r['tier']:>7} {r['preempt_s']:>7.2f}s {r['node_free_s']:>9.2f}s {drained} "
-              f"{r['back_s']:>6.2f}s {r['raw_write_GBps']:>9.2f} {r['raw_shm_GBps']:>8.2f}")
+              f"{r['back_s']:>6.2f}s {r['raw_write_GBps']:>9.2f} {r['raw_shm_GBps']:>8.2f}{restored}")
     if records and plot(records, out_path.with_suffix(".png")):
         print(f"plot: {out_path.with_suffix('.png')}")
     print(f"saved: {out_path}")
