@@ -187,10 +187,11 @@ def prepare(job: dict, gen_dir: Path, units: list[Unit], run_dir: Path,
     t0 = time.monotonic()
     outputs = [job.get("std_out", ""), job.get("std_err", "")]
     tcp = tcp or {}
-    stages = stage_units(job, gen_dir, units) if stay_yielded else {}
+    trees = {u.name: criu_mod.process_tree(u.pid) for u in units}
+    stages = stage_units(job, gen_dir, units, trees) if stay_yielded else {}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
         futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, stay_yielded, tcp.get(u.name),
-                             len(set(nccl or []) & set(criu_mod.process_tree(u.pid))), stages.get(u.name))
+                             len(set(nccl or []) & set(trees[u.name])), stages.get(u.name))
                    for u in units]
         done, errors = [], []
         for u, f in zip(units, futures):
@@ -205,12 +206,12 @@ def prepare(job: dict, gen_dir: Path, units: list[Unit], run_dir: Path,
             "prepare_s": time.monotonic() - t0, "submission": submission_of(run_dir)}
 
 
-def stage_units(job: dict, gen_dir: Path, units: list[Unit]) -> dict[str, Path]:
+def stage_units(job: dict, gen_dir: Path, units: list[Unit], trees: dict[str, list[int]]) -> dict[str, Path]:
     """The units a preemption writes to node memory first (staging.py), by name ->
-    the generation's folder there; the others go straight to the image root."""
+    the generation's folder there; the others go straight to the image root.
+    trees: each unit's processes."""
     budget = staging.Budget(load_site(), str(job["id"]))
-    chosen = [u for u in sorted(units, key=lambda u: u.name)
-              if budget.take(criu_mod.rss_bytes(criu_mod.process_tree(u.pid)))]
+    chosen = [u for u in sorted(units, key=lambda u: u.name) if budget.take(criu_mod.rss_bytes(trees[u.name]))]
     if not chosen or budget.dir is None:
         return {}
     folder = budget.dir / gen_dir.name
