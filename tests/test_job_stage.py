@@ -183,6 +183,50 @@ echo "after srun rc=$?"
     wait_for(lambda: not staged_units(stage, jobid), timeout=60, what="node memory to be given back")
 
 
+def test_a_node_lost_before_its_drain_leaves_the_previous_checkpoint_restored(slurm_cluster, workdir, stage):
+    """The job's second node goes down with its memory before its drain runs (its
+    drain never starts here): the restarted job, on other nodes, waits for the
+    drain, sees from Slurm that the node is down and no drain runs for it, and
+    restores the previous checkpoint."""
+    steps = 300
+    ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+echo "after srun rc=$?"
+""")
+    out = workdir / "job.out"
+    jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=1", "-o", str(out))
+    info = slurm_cluster.wait_state(jobid, "RUNNING")
+    lost = slurm_cluster.run("scontrol", "show", "hostnames", info["NodeList"]).stdout.split()[1]
+    cli = slurm_cluster.state / "etc" / "gpucr-drain-lost"
+    cli.write_text(f'#!/bin/sh\n[ "$1" = drain ] && [ "$SLURMD_NODENAME" = {lost} ] && exit 0\n'
+                   f'exec {configured_cli(slurm_cluster)} "$@"\n')
+    cli.chmod(0o755)
+    try:
+        with plugstack_args(slurm_cluster, f"cli={cli}"):
+            wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), what="both ranks to count")
+            gpucr(slurm_cluster, "checkpoint", jobid)  # gen-1, on the image root
+            wait_for(lambda: all(len(numbers(p)) > 40 for p in ranks), what="the ranks to count on")
+            slurm_cluster.run("scontrol", "update", f"NodeName={lost}", "State=DRAIN", "Reason=gpucr-test")
+            gpucr(slurm_cluster, "preempt", jobid)  # gen-2, staged on both nodes
+            slurm_cluster.run("scontrol", "update", f"NodeName={lost}", "State=DOWN", "Reason=gpucr-test-lost")
+            info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
+    finally:
+        slurm_cluster.run("scontrol", "update", f"NodeName={lost}", "State=RESUME", check=False)
+    text = output_of(out)
+    story = slurm_cluster.restore_log(jobid)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (text, story)
+    assert f"gen-2 was not drained ({lost}: node {lost} is DOWN" in story, story
+    assert f"restoring job {jobid} from {slurm_cluster.state / 'images' / jobid / 'gen-1'}" in story, story
+    for p in ranks:
+        assert_counted_once(p, steps)  # the steps after gen-1 are done again, the files rewound to it
+    assert text.count("after srun rc=0") == 1, text
+    status = json.loads(gpucr(slurm_cluster, "status", jobid, "--json").stdout)
+    gen2 = next(g for g in status["generations"] if g["generation"] == "gen-2")
+    assert not gen2["committed"], status
+
+
 def configured_cli(cluster) -> str:
     """The cli= the test cluster's plugstack.conf names (what the late drain runs)."""
     return next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split()

@@ -6,6 +6,7 @@ the one a start restores (generations.await_drain)."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -44,7 +45,7 @@ def site(tmp_path, monkeypatch):
     (tmp_path / "images").mkdir()
     for node in ("n1", "n2"):  # made by the admin on each node, like /dev/shm
         (tmp_path / "stage" / node).mkdir(parents=True, mode=0o1777)
-    (tmp_path / "slurm.conf").write_text("")
+    (tmp_path / "slurm.conf").write_text("ClusterName=t\nSlurmctldHost=localhost\n")  # for scontrol hostnames
     (tmp_path / "plugstack.conf").write_text(
         f"optional /usr/local/lib/gpucr/spank_gpucr.so imageroot={tmp_path / 'images'} "
         f"stage={tmp_path / 'stage'}/%n stage_cap=50%\n")
@@ -86,7 +87,8 @@ def job_generation(site, jobid: str, n: int, staged_on: dict[str, str]) -> Path:
     for name, node in staged_on.items():
         where = (staging.job_stage(site, jobid, node) / gen_dir.name) if node else gen_dir
         unit_image(where / name)
-        units[name] = {"name": name, "node": node or "n1", "bytes": 2 << 20, **({"staged": True} if node else {})}
+        units[name] = {"name": name, "node": node or "n1", "bytes": 2 << 20, **({"staged": True} if node else {}),
+                       **({"rank": int(name.rsplit(".", 1)[1])} if name.startswith("rank-") else {})}
     m = mf.new_manifest(kind="job", vendor=None, gpu=None)
     m.update(units=units, submission=SUBMISSION, owner_uid=os.geteuid(), job={"id": int(jobid)},
              nodes=sorted({u["node"] for u in units.values()}))
@@ -223,16 +225,71 @@ def test_a_restore_of_a_generation_whose_drain_failed_says_so(site, monkeypatch)
     assert "injected" in e.value.one_line() and "\n" not in e.value.one_line()
 
 
-def test_a_start_on_the_node_that_staged_the_script_does_not_wait_for_the_drain(site, monkeypatch):
+@pytest.mark.skipif(shutil.which("scontrol") is None, reason="needs Slurm's scontrol (hostnames)")
+def test_a_start_back_on_the_nodes_that_staged_the_job_does_not_wait_for_the_drain(site, monkeypatch):
     gen = job_generation(site, "16", 1, {"batch": "n1", "rank-0.0": "n2"})
     job_dir = gen.parent
     monkeypatch.setenv("GPUCR_SUBMISSION", SUBMISSION)
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n2")  # rank 0 back on n2
     batch_restore.open_log(job_dir)
     assert batch_restore.from_memory(job_dir) == gen
     m = batch_restore.check_generation(gen, "16")
     assert m[batch_restore.UNITS_CHECKED] is False, "its units are checked where they are read"
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n3")
+    assert batch_restore.from_memory(job_dir) is None, "rank 0 moved: the whole job waits for the drain"
+    assert "rank-0.0 restore on other nodes now" in (job_dir / "restore.log").read_text()
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n2")
     monkeypatch.setenv("SLURMD_NODENAME", "n2")
     assert batch_restore.from_memory(job_dir) is None, "a start elsewhere waits for the drain"
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     generations.write_pointer(job_dir, generations.RESTORE, gen, SUBMISSION)
     assert batch_restore.from_memory(job_dir) is None, "gpucr-hpc restore --from picks a committed one"
+
+
+def test_a_node_lost_before_its_drain_fails_the_drain_and_the_previous_generation_is_restored(site, monkeypatch):
+    earlier = job_generation(site, "17", 1, {"rank-0.0": ""})
+    gen = job_generation(site, "17", 2, {"rank-0.0": "n1", "rank-0.1": "n2"})
+    job_dir = gen.parent
+    assert drain.drain_job("17") == []  # n1's; n2 went down with its memory
+    asked = []
+
+    def lost(node):
+        asked.append(node)
+        return "DOWN* in Slurm" if node == "n2" else None
+
+    said = generations.await_drain(job_dir, SUBMISSION, timeout_s=30, poll_s=0.05, lost=lost)
+    assert asked == ["n2"], "only the nodes still to drain are asked about"
+    assert said.startswith("gen-2 was not drained (n2: node n2 is DOWN* in Slurm and no drain runs for it"), said
+    assert generations.read_pointer(job_dir, generations.LATEST) == earlier
+    assert generations.start_target(job_dir, SUBMISSION, None) == earlier
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")  # n2 back after all, its units still there
+    assert drain.drain_job("17") == []
+    assert not (gen / mf.COMMITTED).exists(), "a generation given up on is never committed later"
+
+
+def test_a_node_slurm_calls_down_whose_drain_still_runs_is_waited_for(site):
+    gen = job_generation(site, "18", 1, {"rank-0.0": "n2"})
+    generations.heartbeat(gen, "n2")  # its drain runs (an admin set the node DOWN after the job)
+    with pytest.raises(GpucrError, match="still being drained"):
+        generations.await_drain(gen.parent, SUBMISSION, timeout_s=0.3, poll_s=0.05, lost=lambda node: "DOWN")
+    assert generations.is_staged(gen)
+    old = time.time() - generations.DRAIN_STOPPED_S - 1
+    os.utime(gen / generations.DRAINING / "n2", (old, old))
+    assert generations.await_drain(gen.parent, SUBMISSION, timeout_s=5, poll_s=0.05,
+                                   lost=lambda node: "DOWN").startswith("gen-1 was not drained")
+
+
+def test_a_drain_says_it_runs_while_it_copies(site, monkeypatch):
+    gen = job_generation(site, "19", 1, {"rank-0.0": "n1"})
+    monkeypatch.setattr(generations, "HEARTBEAT_S", 0.01)
+    seen = []
+    real = drain.store_drain.drain_image
+
+    def slow(src, dest):
+        time.sleep(0.2)
+        seen.append(not generations.drain_stopped(gen, "n1"))
+        return real(src, dest)
+
+    monkeypatch.setattr(drain.store_drain, "drain_image", slow)
+    assert drain.drain_job("19") == []
+    assert seen == [True] and (gen / mf.COMMITTED).exists()

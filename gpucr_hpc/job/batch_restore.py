@@ -356,7 +356,7 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
         gen = from_memory(job_dir)
         if gen is None:
             drained = generations.await_drain(job_dir, config.value("GPUCR_SUBMISSION"),
-                                              float(config.value("GPUCR_DRAIN_WAIT")))
+                                              float(config.value("GPUCR_DRAIN_WAIT")), lost=slurm.node_lost)
             if drained:
                 log(drained)
             gen = generations.start_target(job_dir, config.value("GPUCR_SUBMISSION"),
@@ -405,9 +405,10 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
 
 
 def from_memory(job_dir: Path) -> Path | None:
-    """The staged generation the job restores at once, before its drain ends: where
-    the script's tree was staged on this very node, its image is read from node
-    memory (unit_source). None: the start waits for the drain, as a move must."""
+    """The staged generation the job restores at once, before its drain ends: the
+    job is back on the nodes that staged it, and each of its staged units is read
+    from the memory of the node it is restored on (unit_source). None: the start
+    waits for the drain, as a job that moved must (no restore mixes the two)."""
     gen = generations.staged_start(job_dir, config.value("GPUCR_SUBMISSION"))
     if gen is None:
         return None
@@ -415,7 +416,16 @@ def from_memory(job_dir: Path) -> Path | None:
     batch = m["units"].get("batch")
     if batch is None or unit_source.in_memory_here(gen, batch, str(m["job"]["id"])) is None:
         return None
-    log(f"{gen.name} is still draining; the script's tree is read from {node_name()}'s memory")
+    try:
+        where = where_now(m)
+    except GpucrError:
+        return None  # not as many nodes as it had: the restore says so after the drain
+    elsewhere = sorted(u["name"] for u in m["units"].values() if u.get("staged") and where.get(u["name"]) != u["node"])
+    if elsewhere:
+        log(f"{gen.name} is still draining and {', '.join(elsewhere)} restore on other nodes now: "
+            "the job waits for the drain")
+        return None
+    log(f"{gen.name} is still draining; the job is back on the nodes that staged it and reads their memory")
     return gen
 
 

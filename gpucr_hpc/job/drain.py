@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gpucr_hpc import config
@@ -35,14 +38,39 @@ def drain_generation(staged: Path, gen_dir: Path, node: str) -> dict:
     """Every unit of one staged generation on this node to the image root."""
     t0 = time.monotonic()
     total = 0
-    for unit in sorted(p for p in staged.iterdir() if p.is_dir()):
-        if config.fault("drain_fails"):
-            raise GpucrError(f"draining {unit} failed: injected (GPUCR_FAULTS=drain_fails)",
-                             "free space on the image root (or fix it); the job restores from its previous "
-                             "generation")
-        total += store_drain.drain_image(unit, gen_dir / unit.name)
-    committed = generations.finish_drain(gen_dir, node)
+    with beating(gen_dir, node):
+        for unit in sorted(p for p in staged.iterdir() if p.is_dir()):
+            if config.fault("drain_fails"):
+                raise GpucrError(f"draining {unit} failed: injected (GPUCR_FAULTS=drain_fails)",
+                                 "free space on the image root (or fix it); the job restores from its previous "
+                                 "generation")
+            total += store_drain.drain_image(unit, gen_dir / unit.name)
+        committed = generations.finish_drain(gen_dir, node)
     return {"bytes": total, "drain_s": time.monotonic() - t0, "committed": committed}
+
+
+@contextmanager
+def beating(gen_dir: Path, node: str) -> Iterator[None]:
+    """generations.heartbeat while the drain runs: a start waiting for it can tell
+    a slow drain from a node lost with its memory."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            try:
+                generations.heartbeat(gen_dir, node)
+            except OSError:
+                pass  # the image root hiccups: the copy itself will say so
+            if stop.wait(generations.HEARTBEAT_S):
+                return
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def give_back(staged: Path) -> None:

@@ -12,6 +12,8 @@
                                (the staging tier) and not yet drained: it has
                                the manifest's checksum, as COMMITTED will
             drained/<node>     a node's units are on the image root
+            draining/<node>    touched every few seconds while the node drains:
+                               a drain that stopped is told from a slow one
             DRAIN_FAILED       why a drain failed: the generation is never
                                restored, the previous committed one is
         LATEST                 "gen-<N>" and its submission, one per line: the
@@ -25,7 +27,9 @@ staging tier (plugstack.conf stage=) writes its units into node memory, marks
 the generation STAGED and points LATEST at it, so the job can end at once; the
 drain (job/drain.py, started by the job epilog on each such node) copies them
 to the image root and writes COMMITTED. A start that finds LATEST staged waits
-for that (await_drain).
+for that (await_drain). A node Slurm reports down whose drain has stopped
+has lost its units with its memory: the wait ends with the generation's drain
+failed, and the previous committed generation is restored.
 
 A generation belongs to one *submission* of the job: its manifest's
 "submission" is the job's GPUCR_SUBMISSION, `<cluster>:<uid>:<token>`, where
@@ -51,6 +55,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
@@ -60,6 +65,10 @@ from gpucr_hpc.store import manifest as mf
 LATEST = "LATEST"
 STAGED = "STAGED"
 DRAINED = "drained"
+DRAINING = "draining"
+HEARTBEAT_S = 5.0     # how often a running drain touches draining/<node>
+DRAIN_STOPPED_S = 30  # no touch for this long: the drain is not running
+LOST_POLL_S = 5.0     # how often a waiting start asks Slurm about the draining nodes
 DRAIN_FAILED = "DRAIN_FAILED"
 RESTORE = "RESTORE"
 SUBMISSION = "SUBMISSION"
@@ -210,7 +219,9 @@ def finish_drain(gen_dir: Path, node: str) -> bool:
     mf.write_atomic(gen_dir / DRAINED / node, b"")
     _as_owner(gen_dir, gen_dir / DRAINED, gen_dir / DRAINED / node)
     m = json.loads((gen_dir / mf.MANIFEST).read_text())
-    if not staged_nodes(m) <= {p.name for p in (gen_dir / DRAINED).iterdir()}:
+    if (gen_dir / DRAIN_FAILED).exists():
+        return False  # given up on (another node was lost): never committed now
+    if not staged_nodes(m) <= drained_nodes(gen_dir):
         return False
     # Each node's drain synced its units, files and folders (store/drain.py), on the
     # shared image root: what is left to make durable is COMMITTED's own entry.
@@ -221,6 +232,30 @@ def finish_drain(gen_dir: Path, node: str) -> bool:
     mf.fsync_dir(gen_dir)
     prune(gen_dir.parent, m.get("submission"))
     return True
+
+
+def drained_nodes(gen_dir: Path) -> set[str]:
+    try:
+        return {p.name for p in (Path(gen_dir) / DRAINED).iterdir()}
+    except OSError:
+        return set()
+
+
+def heartbeat(gen_dir: Path, node: str) -> None:
+    """Said by a running drain, every HEARTBEAT_S: this node is still at it."""
+    folder = Path(gen_dir) / DRAINING
+    folder.mkdir(mode=0o700, exist_ok=True)
+    (folder / node).touch()
+    _as_owner(Path(gen_dir), folder, folder / node)
+
+
+def drain_stopped(gen_dir: Path, node: str, now: float | None = None) -> bool:
+    """No drain of `node` has said it runs for DRAIN_STOPPED_S (or ever)."""
+    try:
+        seen = (Path(gen_dir) / DRAINING / node).stat().st_mtime
+    except OSError:
+        return True
+    return (now or time.time()) - seen > DRAIN_STOPPED_S
 
 
 def _as_owner(gen_dir: Path, *paths: Path) -> None:
@@ -248,24 +283,35 @@ def fail_drain(gen_dir: Path, node: str, why: str) -> Path | None:
     return earlier[-1] if earlier else None
 
 
-def await_drain(job_dir: Path, submission: str | None, timeout_s: float, poll_s: float = 0.5) -> str | None:
+# Why Slurm has given up on a node ("DOWN", "unknown to Slurm"), or None.
+NodeLost = Callable[[str], "str | None"]
+
+
+def await_drain(job_dir: Path, submission: str | None, timeout_s: float, poll_s: float = 0.5,
+                lost: NodeLost | None = None) -> str | None:
     """When LATEST names a staged generation of `submission`: wait until its drain
     commits it, or fails (LATEST then names the previous committed one). What
     happened, for restore.log; None where nothing was staged."""
     path = read_pointer(job_dir, LATEST)
     if path is None or pointer_submission(job_dir, LATEST) != submission or not (path / STAGED).exists():
         return None
-    if await_settled(path, timeout_s, poll_s):
+    if await_settled(path, timeout_s, poll_s, lost):
         return f"{path.name} is drained to the image root"
     return f"{path.name} was not drained ({drain_failure(path)}): the previous checkpoint is restored"
 
 
-def await_settled(gen_dir: Path, timeout_s: float, poll_s: float = 0.5) -> bool:
+def await_settled(gen_dir: Path, timeout_s: float, poll_s: float = 0.5, lost: NodeLost | None = None) -> bool:
     """Wait while a staged generation drains: True once committed, False if its drain
-    failed; a GpucrError when the wait runs out."""
+    failed, or a node still to drain is lost (lost(): Slurm gave up on it) and its
+    drain stopped; a GpucrError when the wait runs out."""
     gen_dir = Path(gen_dir)
     deadline = time.monotonic() + timeout_s
+    asked = 0.0
     while is_staged(gen_dir):
+        if lost is not None and time.monotonic() - asked >= LOST_POLL_S:
+            asked = time.monotonic()
+            if give_up_on_lost_nodes(gen_dir, lost):
+                break
         if time.monotonic() > deadline:
             job = gen_dir.parent.name
             raise GpucrError(f"{gen_dir.name} is still being drained from node memory to the image root after "
@@ -273,6 +319,19 @@ def await_settled(gen_dir: Path, timeout_s: float, poll_s: float = 0.5) -> bool:
                              f"drain failed, gpucr-hpc restore {job}")
         time.sleep(poll_s)
     return (gen_dir / mf.COMMITTED).exists()
+
+
+def give_up_on_lost_nodes(gen_dir: Path, lost: NodeLost) -> bool:
+    """A node still to drain that Slurm reports lost, with no drain running for it:
+    its memory, and the units in it, are gone. The generation's drain fails (as a
+    failed drain does: the previous committed generation is the restore point)."""
+    m = json.loads((Path(gen_dir) / mf.MANIFEST).read_text())
+    for node in sorted(staged_nodes(m) - drained_nodes(gen_dir)):
+        why = lost(node)
+        if why and drain_stopped(gen_dir, node):
+            fail_drain(gen_dir, node, f"node {node} is {why} and no drain runs for it: its staged units are lost")
+            return True
+    return False
 
 
 def staged_start(job_dir: Path, submission: str | None) -> Path | None:

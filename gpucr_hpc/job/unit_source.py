@@ -5,8 +5,9 @@ drain ends. A unit restored on the node that staged it reads its image from
 that node's memory, under a shared lock that keeps the drain from removing it
 meanwhile; its files are checked by size, as their checksums are made by the
 drain. A unit restored on another node waits until the drain has made the
-generation durable and reads the image root; a drain that failed leaves it
-nothing to read, and the restore fails with the reason (the job is held).
+generation durable and reads the image root; a drain that failed, or a node
+lost before its drain, leaves it nothing to read, and the restore fails with
+the reason (the job is held).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import generations, staging
+from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
@@ -49,7 +51,7 @@ def locate(gen: Path, unit: dict, staged_as: str, reading: ExitStack, verified: 
         image_store.verify(copy, mf.load(copy), sizes_only=True)
         return copy, True, MEMORY
     if generations.is_staged(gen):
-        generations.await_settled(gen, float(config.value("GPUCR_DRAIN_WAIT")))
+        generations.await_settled(gen, float(config.value("GPUCR_DRAIN_WAIT")), lost=slurm.node_lost)
         verified = False  # drained after the caller's check_generation
     why = generations.drain_failure(gen)
     if why is not None:

@@ -106,6 +106,24 @@ def node_address(node: str) -> str | None:
     return addr or None
 
 
+LOST_STATES = ("DOWN", "FAIL", "FAILING", "FUTURE")
+
+
+def node_lost(node: str) -> str | None:
+    """Why Slurm has given up on `node` (its state: down or failed), or None: it is
+    up, or Slurm says nothing of it (no answer, no such node: nothing is known)."""
+    try:
+        out = run("scontrol", "show", "node", "-o", node, timeout=15, check=False)
+    except GpucrError:
+        return None
+    lines = out.stdout.splitlines()
+    if out.returncode != 0 or not lines:
+        return None
+    state = parse_one_line(lines[0]).get("State", "")
+    flags = set(state.rstrip("*").replace("+", " ").split())
+    return f"{state} in Slurm" if flags & set(LOST_STATES) else None
+
+
 def settled(job: Job, wait_s: float = SETTLE_S) -> Job:
     """`job` once it has stopped moving between states (see SETTLING_STATES): asked
     again while it moves."""
