@@ -30,7 +30,8 @@ restore itself (`restore_s`, the script's tree read and restored, from
 restore.log, and `restore_from`, where it was read): "direct, same node" (the
 job pinned to its node, the image root read back from the page cache),
 "staged, same node" (pinned: node memory, where the job is back before the
-drain is done) and "staged, moved" (the job held until the drain is done, the
+drain is done; --drain-delay S starts its drain S seconds late, as behind an
+image root slower than the restart) and "staged, moved" (the job held until the drain is done, the
 page cache dropped and its node drained, so that another node reads the image
 root cold); beside them `raw_read_GBps`, the image root read cold in 64 MiB
 blocks in the same run, and `restore_GBps`, the image's bytes over restore_s.
@@ -182,9 +183,9 @@ def generation(cluster: Cluster, jobid: str, gen: str) -> tuple[int, dict]:
 
 
 def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str = "direct",
-             place: str = "") -> dict:
+             place: str = "", drain_delay_s: float = 0.0) -> dict:
     """place: "" (anywhere), "same" (pinned to its node), "moved" (held until durable,
-    the page cache dropped, restored on another node)."""
+    the page cache dropped, restored on another node); drain_delay_s: staging_tier's."""
     d = work / f"gib-{gib:g}-{tier}{'-' + place if place else ''}"
     d.mkdir(parents=True)
     d.chmod(0o755)
@@ -203,7 +204,8 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
         wait_for(lambda: cluster.job(jobid).get("JobState") == "RUNNING" and last_step_time(log) > 0,
                  timeout=300, what=f"job {jobid} to step")
         rec: dict = {"gib": gib, "tier": tier, "where": "gpu" if on_gpu else "host", "jobid": jobid,
-                     **({"place": place} if place else {})}
+                     **({"place": place} if place else {}),
+                     **({"drain_delay_s": drain_delay_s} if drain_delay_s else {})}
         ran_on = cluster.nodes(jobid)
         if place == "moved":  # held at its requeue until the bench lets it go, cold, elsewhere
             cluster.run("scontrol", "update", f"NodeName={ran_on[0]}", "State=DRAIN", "Reason=gpucr-bench")
@@ -265,15 +267,25 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
 
 
 @contextmanager
-def staging_tier(cluster: Cluster) -> Iterator[None]:
-    """plugstack.conf stage= in /dev/shm, one folder per node as an admin makes them."""
+def staging_tier(cluster: Cluster, drain_delay_s: float = 0.0) -> Iterator[None]:
+    """plugstack.conf stage= in /dev/shm, one folder per node as an admin makes them.
+    drain_delay_s: each drain starts that much later (an image root slower than the
+    job's restart, as at 17 GiB and more), through a cli= that waits before it."""
     root = Path(tempfile.mkdtemp(prefix="gpucr-bench-stage-", dir="/dev/shm"))
     root.chmod(0o755)
     for node in cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split():
         (root / node).mkdir(exist_ok=True)
         (root / node).chmod(0o1777)
+    args = f"stage={root}/%n"
+    if drain_delay_s:
+        cli = next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split()
+                   if w.startswith("cli="))
+        late = root / "late-drain"
+        late.write_text(f'#!/bin/sh\n[ "$1" = drain ] && sleep {drain_delay_s:g}\nexec {cli} "$@"\n')
+        late.chmod(0o755)
+        args += f" cli={late}"
     try:
-        with cluster.plugstack_args(f"stage={root}/%n"):
+        with cluster.plugstack_args(args):
             yield
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -298,15 +310,16 @@ def plot(records: list[dict], path: Path) -> bool:
             ("node_free_s", "node free"), ("back_s", "stepping again"), ("drained_s", "drained"))
         for key, label in keys:
             if all(key in r for r in mine):
-                ax.plot(sizes, [r[key] for r in mine], marker="o", linestyle="-" if way == "direct" else "--",
-                        label=f"{way}: {label}")
+                ax.plot(sizes, [r[key] for r in mine], marker="o",
+                        linestyle="-" if mine[0].get("tier", "direct") == "direct" else "--", label=f"{way}: {label}")
     base = [r for r in records if r.get("tier", "direct") == "direct"]
     sizes = [r["gib"] for r in base]
     rate_key = "raw_read_GBps" if "raw_read_GBps" in base[0] else "raw_write_GBps"
     ax.plot(sizes, [r["gib"] * 2**30 / 1e9 / r[rate_key] for r in base], linestyle=":", color="gray",
             label=f"the bytes at the image root's raw {rate_key.split('_')[1]} rate")
     ax.set_xlabel("GiB held by the job")
-    ax.set_ylabel("seconds from `gpucr-hpc preempt`")
+    ax.set_ylabel("seconds of the script's tree's restore" if "restore_s" in records[0]
+                  else "seconds from `gpucr-hpc preempt`")
     ax.set_title(f"Preempt and restore of a job ({records[0]['where']} memory)")
     ax.legend()
     ax.grid(alpha=0.3)
@@ -329,6 +342,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tiers", action="store_true", help="each size also with a staging tier in /dev/shm")
     ap.add_argument("--restore", action="store_true",
                     help="each size restored on its node from the image root and from node memory, and moved")
+    ap.add_argument("--drain-delay", type=float, default=0.0,
+                    help="with --restore: the staged same-node run's drain starts this many seconds late, so "
+                         "that the job is back before it is done (a slower image root)")
     ap.add_argument("--out", type=Path, help="the JSON (default: bench/results/preempt-node-free-DATE.json)")
     ap.add_argument("--replot", type=Path, help="only draw the plot of a saved JSON, beside it")
     args = ap.parse_args(argv)
@@ -348,8 +364,9 @@ def main(argv=None) -> int:
         for gib in args.gib:
             for tier, place in runs(args):
                 if tier == "staged":
-                    with staging_tier(cluster):
-                        rec = one_size(cluster, gib, args.gpu, tmp, tier, place)
+                    delay = args.drain_delay if place == "same" else 0.0
+                    with staging_tier(cluster, delay):
+                        rec = one_size(cluster, gib, args.gpu, tmp, tier, place, delay)
                 else:
                     rec = one_size(cluster, gib, args.gpu, tmp, tier, place)
                 records.append(rec)
