@@ -63,9 +63,7 @@ def test_a_preempted_job_is_staged_in_node_memory_drained_and_restored(slurm_clu
     manifest = json.loads((job_dir / "gen-1" / "manifest.json").read_text())
     assert all(u.get("staged") for u in manifest["units"].values()), manifest["units"]
 
-    wait_for(lambda: (job_dir / "gen-1" / "COMMITTED").exists(), timeout=120, what="the drain",
-             detail=lambda: slurm_cluster.restore_log(jobid))
-    wait_for(lambda: not staged_units(stage, jobid), timeout=30, what="node memory to be given back")
+    drained(slurm_cluster, stage, jobid, "gen-1")
     info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
     text = output_of(out)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (text, slurm_cluster.restore_log(jobid))
@@ -80,12 +78,7 @@ def test_a_preempted_job_is_staged_in_node_memory_drained_and_restored(slurm_clu
 
 def test_a_two_node_job_staged_on_both_nodes_moves_to_other_nodes(slurm_cluster, workdir, stage):
     steps = 200
-    ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
-    script = workdir / "job.sh"
-    script.write_text(f"""#!/bin/bash
-srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
-echo "after srun rc=$?"
-""")
+    script, ranks = two_rank_job(workdir, steps)
     out = workdir / "job.out"
     jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=1", "-o", str(out))
     info = slurm_cluster.wait_state(jobid, "RUNNING")
@@ -117,9 +110,7 @@ def test_a_job_back_on_the_node_that_staged_it_reads_node_memory_preempted_twice
     its node, starts again before its generation is durable and reads it from that
     node's memory; the drain then commits it all the same, and a second preemption
     of the restored job goes the same way."""
-    cli = slurm_cluster.state / "etc" / "gpucr-late-drain"
-    cli.write_text(f'#!/bin/sh\n[ "$1" = drain ] && sleep 20\nexec {configured_cli(slurm_cluster)} "$@"\n')
-    cli.chmod(0o755)
+    cli = drain_cli(slurm_cluster, "gpucr-late-drain", "sleep 20")
     steps = 500
     log = workdir / "count.txt"
     out = workdir / "job.out"
@@ -139,9 +130,7 @@ def test_a_job_back_on_the_node_that_staged_it_reads_node_memory_preempted_twice
                      detail=lambda: (output_of(out), slurm_cluster.restore_log(jobid)))
             story = slurm_cluster.restore_log(jobid)
             assert f"batch of gen-{n} read from node memory on n1" in story, story
-            wait_for(lambda gen=gen: (gen / "COMMITTED").exists(), timeout=120, what=f"the drain of gen-{n}",
-                     detail=lambda: slurm_cluster.restore_log(jobid))
-            wait_for(lambda: not staged_units(stage, jobid), timeout=60, what="node memory to be given back")
+            drained(slurm_cluster, stage, jobid, gen.name)
         info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
     text = output_of(out)
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", (text, slurm_cluster.restore_log(jobid))
@@ -153,16 +142,9 @@ def test_a_job_back_on_the_node_that_staged_it_reads_node_memory_preempted_twice
 
 def test_a_two_node_job_back_on_its_nodes_reads_each_nodes_memory(slurm_cluster, workdir, stage):
     """Its ranks too: each restored on the node that staged it, from that node's memory."""
-    cli = slurm_cluster.state / "etc" / "gpucr-late-drain"
-    cli.write_text(f'#!/bin/sh\n[ "$1" = drain ] && sleep 20\nexec {configured_cli(slurm_cluster)} "$@"\n')
-    cli.chmod(0o755)
+    cli = drain_cli(slurm_cluster, "gpucr-late-drain", "sleep 20")
     steps = 300
-    ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
-    script = workdir / "job.sh"
-    script.write_text(f"""#!/bin/bash
-srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
-echo "after srun rc=$?"
-""")
+    script, ranks = two_rank_job(workdir, steps)
     out = workdir / "job.out"
     with plugstack_args(slurm_cluster, f"cli={cli}"):
         jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-w", "n1,n2", "--ntasks-per-node=1", "-o", str(out))
@@ -178,9 +160,7 @@ echo "after srun rc=$?"
     for p in ranks:
         assert_counted_once(p, steps)
     assert text.count("after srun rc=0") == 1, text
-    wait_for(lambda: (slurm_cluster.state / "images" / jobid / "gen-1" / "COMMITTED").exists(), timeout=120,
-             what="the drains to commit gen-1", detail=lambda: slurm_cluster.restore_log(jobid))
-    wait_for(lambda: not staged_units(stage, jobid), timeout=60, what="node memory to be given back")
+    drained(slurm_cluster, stage, jobid, "gen-1")
 
 
 def test_a_node_lost_before_its_drain_leaves_the_previous_checkpoint_restored(slurm_cluster, workdir, stage):
@@ -189,20 +169,12 @@ def test_a_node_lost_before_its_drain_leaves_the_previous_checkpoint_restored(sl
     drain, sees from Slurm that the node is down and no drain runs for it, and
     restores the previous checkpoint."""
     steps = 300
-    ranks = [workdir / f"rank-{r}.txt" for r in range(2)]
-    script = workdir / "job.sh"
-    script.write_text(f"""#!/bin/bash
-srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
-echo "after srun rc=$?"
-""")
+    script, ranks = two_rank_job(workdir, steps)
     out = workdir / "job.out"
     jobid = slurm_cluster.sbatch(script, "--gpucr=on", "-N2", "--ntasks-per-node=1", "-o", str(out))
     info = slurm_cluster.wait_state(jobid, "RUNNING")
     lost = slurm_cluster.run("scontrol", "show", "hostnames", info["NodeList"]).stdout.split()[1]
-    cli = slurm_cluster.state / "etc" / "gpucr-drain-lost"
-    cli.write_text(f'#!/bin/sh\n[ "$1" = drain ] && [ "$SLURMD_NODENAME" = {lost} ] && exit 0\n'
-                   f'exec {configured_cli(slurm_cluster)} "$@"\n')
-    cli.chmod(0o755)
+    cli = drain_cli(slurm_cluster, "gpucr-drain-lost", f'[ "$SLURMD_NODENAME" = {lost} ] && exit 0')
     try:
         with plugstack_args(slurm_cluster, f"cli={cli}"):
             wait_for(lambda: all(len(numbers(p)) > 10 for p in ranks), what="both ranks to count")
@@ -227,7 +199,28 @@ echo "after srun rc=$?"
     assert not gen2["committed"], status
 
 
-def configured_cli(cluster) -> str:
-    """The cli= the test cluster's plugstack.conf names (what the late drain runs)."""
-    return next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split()
-                if w.startswith("cli="))
+def drained(cluster, stage: Path, jobid: str, gen: str) -> None:
+    """The drains commit the generation, and give node memory back."""
+    wait_for(lambda: (cluster.state / "images" / jobid / gen / "COMMITTED").exists(), timeout=120,
+             what=f"the drain of {gen}", detail=lambda: cluster.restore_log(jobid))
+    wait_for(lambda: not staged_units(stage, jobid), timeout=60, what="node memory to be given back")
+
+
+def two_rank_job(workdir: Path, steps: int) -> tuple[Path, list[Path]]:
+    """A batch script whose srun step runs two counting ranks, one per node; their logs."""
+    script = workdir / "job.sh"
+    script.write_text(f"""#!/bin/bash
+srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+echo "after srun rc=$?"
+""")
+    return script, [workdir / f"rank-{r}.txt" for r in range(2)]
+
+
+def drain_cli(cluster, name: str, before_drain: str) -> Path:
+    """A cli= for the plugin that runs `before_drain` (shell) ahead of a drain, then
+    the test cluster's own: a drain made late, or one that never runs on a node."""
+    cli = next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split() if w.startswith("cli="))
+    path = cluster.state / "etc" / name
+    path.write_text(f'#!/bin/sh\nif [ "$1" = drain ]; then {before_drain}; fi\nexec {cli} "$@"\n')
+    path.chmod(0o755)
+    return path
