@@ -293,3 +293,26 @@ def test_a_drain_says_it_runs_while_it_copies(site, monkeypatch):
     monkeypatch.setattr(drain.store_drain, "drain_image", slow)
     assert drain.drain_job("19") == []
     assert seen == [True] and (gen / mf.COMMITTED).exists()
+
+
+def test_a_generation_still_being_written_is_left_to_its_own_drain(site):
+    gen = job_generation(site, "20", 1, {"rank-0.0": "n1"})
+    writing = gen.parent / "gen-2"  # the job, back on n1, preempted again: its agents write gen-2 now
+    writing.mkdir(mode=0o700)
+    unit_image(staging.job_stage(site, "20", "n1") / "gen-2" / "rank-0.0")
+    assert drain.drain_job("20") == []
+    assert (gen / mf.COMMITTED).exists()
+    assert (staging.job_stage(site, "20", "n1") / "gen-2" / "rank-0.0" / mf.MANIFEST).exists(), \
+        "a generation a checkpoint still writes is not the drain's"
+
+
+def test_two_drains_of_one_job_on_a_node_take_turns(site):
+    gen = job_generation(site, "21", 1, {"rank-0.0": "n1"})
+    done: list = []
+    with staging.held(staging.job_stage(site, "21", "n1"), exclusive=True):  # the first drain
+        second = threading.Thread(target=lambda: done.extend(drain.drain_job("21")))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive() and generations.is_staged(gen)
+    second.join(30)
+    assert not second.is_alive() and done == [] and (gen / mf.COMMITTED).exists()

@@ -10,6 +10,8 @@ unit is drained to the image root (store/drain.py: checked against its
 checksums, durable), this node's drained/ mark is written, and the node that
 drains last commits the generation (generations.finish_drain). A restore of the job on this node
 reads the staged copies meanwhile (job/unit_source.py); they go once it is done.
+The drains of one job on a node take turns, and a generation a checkpoint is
+still writing (the job back here and preempted again) is left to its own.
 
 A drain that fails (a full or missing image root, a damaged staged file): the
 generation gets DRAIN_FAILED with the reason, LATEST goes back to the previous
@@ -32,6 +34,7 @@ from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import batch_restore, events, generations, staging
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import drain as store_drain
+from gpucr_hpc.store import manifest as mf
 
 
 def drain_generation(staged: Path, gen_dir: Path, node: str) -> dict:
@@ -92,12 +95,31 @@ def drain_job(jobid: str) -> list[str]:
     job_dir = site.job_image_dir(jobid)
     uid = job_dir.stat().st_uid
     batch_restore.open_log(job_dir)
+    with staging.held(root, exclusive=True):  # one drain of the job at a time on a node
+        errors = _drain_staged(root, job_dir, uid, node)
+    try:
+        os.rmdir(root)
+    except OSError:
+        pass
+    return errors
+
+
+def in_flight(gen_dir: Path) -> bool:
+    """A generation a checkpoint is still writing: on the image root, neither staged
+    nor committed nor failed yet (an aborted one is removed from there)."""
+    return gen_dir.is_dir() and not any((gen_dir / marker).exists() for marker in (
+        generations.STAGED, mf.COMMITTED, generations.DRAIN_FAILED))
+
+
+def _drain_staged(root: Path, job_dir: Path, uid: int, node: str) -> list[str]:
     errors = []
-    for staged in sorted(p for p in root.iterdir() if p.is_dir()):
+    for staged in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: generations.number(p.name)):
         gen_dir = job_dir / staged.name
+        if in_flight(gen_dir):
+            continue  # the job, back on this node, is being preempted again: its own drain follows
         try:
             if not generations.is_staged(gen_dir):
-                continue  # committed by another node's drain already, failed, or never staged: stale
+                continue  # committed by another node's drain already, failed, or aborted: stale
             try:
                 rep = drain_generation(staged, gen_dir, node)
             except (GpucrError, OSError) as e:
@@ -115,8 +137,4 @@ def drain_job(jobid: str) -> list[str]:
                           took_s=rep["drain_s"])
         finally:
             give_back(staged)
-    try:
-        os.rmdir(root)
-    except OSError:
-        pass
     return errors

@@ -79,6 +79,12 @@ def gen_name(n: int) -> str:
     return f"gen-{n}"
 
 
+def number(name: str) -> int:
+    """N of "gen-N" (-1 for any other name), to order generations as they were made."""
+    m = re.fullmatch(r"gen-(\d+)", name)
+    return int(m.group(1)) if m else -1
+
+
 def generations(job_dir: Path) -> list[tuple[int, Path, bool]]:
     """(N, path, committed) of every generation, oldest first."""
     out = []
