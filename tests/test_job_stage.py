@@ -199,6 +199,36 @@ def test_a_node_lost_before_its_drain_leaves_the_previous_checkpoint_restored(sl
     assert not gen2["committed"], status
 
 
+def test_an_ordinary_users_job_is_read_back_from_node_memory(slurm_cluster, users, jobdir, stage):
+    """The same as the job's user, CRIU through the root helper: the user's staged
+    folder, read under the user's lock, given back by root's drain once read."""
+    from user_helpers import as_user, gpucr_as
+
+    a = users[0]
+    cli = drain_cli(slurm_cluster, "gpucr-late-drain", "sleep 20")
+    steps = 300
+    log = jobdir / "count.txt"
+    out = jobdir / "job.out"
+    script = counting_script(jobdir, log, steps)
+    with plugstack_args(slurm_cluster, f"cli={cli}"):
+        r = as_user(a, "sbatch", "--parsable", "-w", "n1", "--gpucr=on", "-o", str(out), str(script),
+                    env=slurm_cluster.env)
+        assert r.returncode == 0, r.stderr
+        jobid = r.stdout.strip().split(";")[0]
+        slurm_cluster.wait_state(jobid, "RUNNING")
+        wait_for(lambda: len(numbers(log)) > 10, what="the counter to start")
+        pre = gpucr_as(a, "preempt", jobid, env=slurm_cluster.env)
+        assert pre.returncode == 0, pre.stderr
+        assert (stage / "n1" / jobid).stat().st_uid == a.pw_uid, "the staged folder is the user's"
+        info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=240)
+    text = output_of(out)
+    story = slurm_cluster.restore_log(jobid)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", (text, story)
+    assert "batch of gen-1 read from node memory on n1" in story, story
+    assert_counted_once(log, steps)
+    drained(slurm_cluster, stage, jobid, "gen-1")
+
+
 def drained(cluster, stage: Path, jobid: str, gen: str) -> None:
     """The drains commit the generation, and give node memory back."""
     wait_for(lambda: (cluster.state / "images" / jobid / gen / "COMMITTED").exists(), timeout=120,
