@@ -115,9 +115,16 @@ def test_connection_with_bytes_in_flight_moves_to_another_address(two_nodes, tmp
 
         # As a job's restore does it: in a new PID namespace (the tree's PIDs may be taken
         # here by now), CRIU in the node's network namespace.
-        restore = ("import sys; from pathlib import Path; from gpucr_hpc.criu import run; "
+        # As a job's restore does it: the moved connections locked in B's namespace before
+        # CRIU runs (criu/netlock), let go once the tree runs. Without it, the first end
+        # restored sends its unsent bytes to a peer not restored yet, which resets it.
+        restore = ("import sys; from pathlib import Path; from gpucr_hpc.criu import netlock, run, tcp; "
+                   "flows = [netlock.Flow(c.local, c.remote) for c in tcp.connections(Path(sys.argv[1])) "
+                   "if not c.listening]; "
                    "r = run.find_criu().start_restore(Path(sys.argv[1]), Path(sys.argv[2]), shell_job=False, "
-                   "new_pidns=True, extra=['--tcp-established', '--network-lock', 'nftables']); print(r.host_pid)")
+                   "new_pidns=True, extra=['--tcp-established', '--network-lock', 'nftables'], "
+                   "lock=netlock.Spec('criu_tcp_test', flows, 60.0)); "
+                   "netlock.unlock('criu_tcp_test'); print(r.host_pid)")
         work = tmp_path / "work"
         work.mkdir()
         r = subprocess.run(_in(b) + [sys.executable, "-c", restore, str(images), str(work)],
