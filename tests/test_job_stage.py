@@ -182,6 +182,10 @@ def test_a_node_lost_before_its_drain_leaves_the_previous_checkpoint_restored(sl
             wait_for(lambda: all(len(numbers(p)) > 40 for p in ranks), what="the ranks to count on")
             slurm_cluster.run("scontrol", "update", f"NodeName={lost}", "State=DRAIN", "Reason=gpucr-test")
             gpucr(slurm_cluster, "preempt", jobid)  # gen-2, staged on both nodes
+            # Down once the requeue is through: a node set DOWN while the job still
+            # completes on it ends the job (Slurm: FAILED), which is not what is tested.
+            wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == "1"
+                     and slurm_cluster.job(jobid).get("JobState") in ("PENDING", "RUNNING"), what="the requeue")
             slurm_cluster.run("scontrol", "update", f"NodeName={lost}", "State=DOWN", "Reason=gpucr-test-lost")
             info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=300)
     finally:
