@@ -93,9 +93,9 @@ def generations(job_dir: Path) -> list[tuple[int, Path, bool]]:
     except OSError:
         return []
     for p in entries:
-        m = re.fullmatch(r"gen-(\d+)", p.name)
-        if m and p.is_dir():
-            out.append((int(m.group(1)), p, (p / mf.COMMITTED).exists()))
+        n = number(p.name)
+        if n >= 0 and p.is_dir():
+            out.append((n, p, (p / mf.COMMITTED).exists()))
     return sorted(out)
 
 
@@ -125,7 +125,7 @@ def _pointer_lines(job_dir: Path, name: str) -> list[str]:
 
 def read_pointer(job_dir: Path, name: str) -> Path | None:
     lines = _pointer_lines(job_dir, name)
-    if not lines or not re.fullmatch(r"gen-\d+", lines[0]):
+    if not lines or number(lines[0]) < 0:
         return None
     return Path(job_dir) / lines[0]
 
@@ -289,7 +289,7 @@ def fail_drain(gen_dir: Path, node: str, why: str) -> Path | None:
     return earlier[-1] if earlier else None
 
 
-# Why Slurm has given up on a node ("DOWN", "unknown to Slurm"), or None.
+# Why Slurm has given up on a node (its state: "DOWN in Slurm"), or None.
 NodeLost = Callable[[str], "str | None"]
 
 
