@@ -35,6 +35,16 @@ image root slower than the restart) and "staged, moved" (the job held until the 
 page cache dropped and its node drained, so that another node reads the image
 root cold); beside them `raw_read_GBps`, the image root read cold in 64 MiB
 blocks in the same run, and `restore_GBps`, the image's bytes over restore_s.
+The "direct, same node" run first suspends and resumes the job in place
+(`gpucr-hpc suspend/resume`): `inplace_checkpoint_s` and `inplace_restore_s`,
+the agents' in-place checkpoint and restore of its units, the baseline of a
+restore from node memory.
+
+With --gpu each job is preempted only once its arena holds its GPU memory
+(`arena_ready_s` after it first stepped), as a job that ran a while is.
+--raw-gib caps the bytes of the raw rate measurements (their rate, not the
+job's size, is what they are for); each job's image folder is removed after its
+record, so that the largest sizes fit the disk.
 
 Saved: JSON (every record carries gib, tier and node_free_s) and, where
 matplotlib is found, a plot beside it. As root:
@@ -142,6 +152,41 @@ def read_rate(path: Path, gib: float) -> float:
     return round(total / took / 1e9, 2)
 
 
+ARENA_PROBE = """
+import json, sys
+from gpucr_hpc.process.in_place import status_all
+from gpucr_hpc.slurm.site import load_site
+print(json.dumps([r.status.raw for r in status_all(load_site().job_run_dir(sys.argv[1], sys.argv[2])) if r.status.ok]))
+"""
+
+
+def arena_holds_gpu_memory(cluster: Cluster, jobid: str, node: str) -> bool:
+    """Every GPU process of the job has its arena made and as large as its GPU memory."""
+    p = subprocess.run([sys.executable, "-c", ARENA_PROBE, jobid, node], env=cluster.env, capture_output=True,
+                       text=True, timeout=30)
+    procs = [st for st in (json.loads(p.stdout) if p.returncode == 0 else []) if st.get("gpu_bytes")]
+    return bool(procs) and all(st.get("arena_ready") and st.get("arena_bytes", 0) >= st["gpu_bytes"] for st in procs)
+
+
+def in_place_cycle(cluster: Cluster, jobid: str) -> dict:
+    """suspend, then resume: the in-place checkpoint and restore of the job's units
+    (the agents' seconds) and the commands' walls."""
+    t_sus, sus = cluster.gpucr("suspend", jobid, timeout=600)
+    t_res, res = cluster.gpucr("resume", jobid, timeout=600)
+    return {"inplace_checkpoint_s": slowest_unit(sus), "inplace_restore_s": slowest_unit(res),
+            "inplace_agents_checkpoint_s": round(sus["seconds"], 3),
+            "inplace_agents_restore_s": round(res["seconds"], 3),
+            "suspend_s": round(t_sus, 3), "resume_s": round(t_res, 3), "inplace_bytes": res.get("bytes")}
+
+
+def slowest_unit(result: dict) -> float | None:
+    """The longest in-place checkpoint or restore of one unit (its process tree), as
+    the node agents report it; None when no unit had GPU state."""
+    took = [u["phases"]["total_s"] for r in result.get("node_reports") or [] for u in r.get("units") or []
+            if "total_s" in (u.get("phases") or {})]
+    return round(max(took), 3) if took else None
+
+
 def drop_page_cache() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -183,9 +228,10 @@ def generation(cluster: Cluster, jobid: str, gen: str) -> tuple[int, dict]:
 
 
 def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str = "direct",
-             place: str = "", drain_delay_s: float = 0.0) -> dict:
+             place: str = "", drain_delay_s: float = 0.0, raw_gib: float | None = None) -> dict:
     """place: "" (anywhere), "same" (pinned to its node), "moved" (held until durable,
-    the page cache dropped, restored on another node); drain_delay_s: staging_tier's."""
+    the page cache dropped, restored on another node); drain_delay_s: staging_tier's;
+    raw_gib: the most bytes the raw rates are measured with."""
     d = work / f"gib-{gib:g}-{tier}{'-' + place if place else ''}"
     d.mkdir(parents=True)
     d.chmod(0o755)
@@ -207,6 +253,13 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
                      **({"place": place} if place else {}),
                      **({"drain_delay_s": drain_delay_s} if drain_delay_s else {})}
         ran_on = cluster.nodes(jobid)
+        if on_gpu:
+            t = time.monotonic()
+            wait_for(lambda: arena_holds_gpu_memory(cluster, jobid, ran_on[0]), timeout=300,
+                     what=f"the arena of job {jobid} to hold its GPU memory")
+            rec["arena_ready_s"] = round(time.monotonic() - t, 3)
+        if place == "same" and tier == "direct":
+            rec.update(in_place_cycle(cluster, jobid))
         if place == "moved":  # held at its requeue until the bench lets it go, cold, elsewhere
             cluster.run("scontrol", "update", f"NodeName={ran_on[0]}", "State=DRAIN", "Reason=gpucr-bench")
         out: dict = {}
@@ -253,17 +306,24 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
             if isinstance(result.get(k), (int, float)):
                 rec[f"preempt_{k}"] = round(result[k], 3)
         images = cluster.state / "images"
-        rec["raw_write_GBps"] = rate(images / f".bench-{jobid}", gib, sync=True)
-        rec["raw_shm_GBps"] = rate(Path("/dev/shm") / f".gpucr-bench-{jobid}", gib, sync=False)
+        raw = min(gib, raw_gib or gib)
+        rec["raw_gib"] = raw
+        rec["raw_write_GBps"] = rate(images / f".bench-{jobid}", raw, sync=True)
+        rec["raw_shm_GBps"] = rate(Path("/dev/shm") / f".gpucr-bench-{jobid}", raw, sync=False)
         if place:
             rec.update(restore_record(cluster, jobid, str(result["generation"])))
             rec["restore_GBps"] = round(nbytes / rec["restore_s"] / 1e9, 2)
-            rec["raw_read_GBps"] = read_rate(images / f".bench-read-{jobid}", gib)
+            rec["raw_read_GBps"] = read_rate(images / f".bench-read-{jobid}", raw)
         return rec
     finally:
         cluster.run("scancel", jobid, check=False)
         if place == "moved":
             cluster.run("scontrol", "update", f"NodeName={ran_on[0]}", "State=RESUME", check=False)
+        try:  # its files gone before the next size's job needs the disk
+            wait_for(lambda: not job_pids(jobid), timeout=120, what=f"job {jobid} to end")
+        except BenchError:
+            pass
+        shutil.rmtree(cluster.state / "images" / jobid, ignore_errors=True)
 
 
 @contextmanager
@@ -345,6 +405,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drain-delay", type=float, default=0.0,
                     help="with --restore: the staged same-node run's drain starts this many seconds late, so "
                          "that the job is back before it is done (a slower image root)")
+    ap.add_argument("--raw-gib", type=float, default=None,
+                    help="the raw rates measured with at most this many GiB (default: the job's size)")
     ap.add_argument("--out", type=Path, help="the JSON (default: bench/results/preempt-node-free-DATE.json)")
     ap.add_argument("--replot", type=Path, help="only draw the plot of a saved JSON, beside it")
     args = ap.parse_args(argv)
@@ -366,9 +428,9 @@ def main(argv=None) -> int:
                 if tier == "staged":
                     delay = args.drain_delay if place == "same" else 0.0
                     with staging_tier(cluster, delay):
-                        rec = one_size(cluster, gib, args.gpu, tmp, tier, place, delay)
+                        rec = one_size(cluster, gib, args.gpu, tmp, tier, place, delay, args.raw_gib)
                 else:
-                    rec = one_size(cluster, gib, args.gpu, tmp, tier, place)
+                    rec = one_size(cluster, gib, args.gpu, tmp, tier, place, raw_gib=args.raw_gib)
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
     except BenchError as e:
@@ -386,7 +448,8 @@ def main(argv=None) -> int:
           f"{'raw shm':>8}")
     for r in records:
         drained = f"{r['drained_s']:>7.2f}s" if "drained_s" in r else f"{'-':>8}"
-        restored = (f"  restore {r['restore_s']:.2f}s from {r['restore_from']} on {r['restore_node']} "
+        inplace = f"  in place {r['inplace_restore_s']}s" if "inplace_restore_s" in r else ""
+        restored = inplace + (f"  restore {r['restore_s']:.2f}s from {r['restore_from']} on {r['restore_node']} "
                     f"({r['restore_GBps']} GB/s; raw cold read {r['raw_read_GBps']} GB/s)") if "restore_s" in r else ""
         print(f"{r['gib']:>5g} {r['tier']:>7} {r['preempt_s']:>7.2f}s {r['node_free_s']:>9.2f}s {drained} "
               f"{r['back_s']:>6.2f}s {r['raw_write_GBps']:>9.2f} {r['raw_shm_GBps']:>8.2f}{restored}")
