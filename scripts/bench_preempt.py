@@ -154,17 +154,29 @@ def read_rate(path: Path, gib: float) -> float:
 
 ARENA_PROBE = """
 import json, sys
+from pathlib import Path
 from gpucr_hpc.process.in_place import status_all
 from gpucr_hpc.slurm.site import load_site
-print(json.dumps([r.status.raw for r in status_all(load_site().job_run_dir(sys.argv[1], sys.argv[2])) if r.status.ok]))
+jobid, node, seen_outside = sys.argv[1:4]
+run_dir = Path(seen_outside) if Path(seen_outside).is_dir() else load_site().job_run_dir(jobid, node)
+print(json.dumps([r.status.raw for r in status_all(run_dir) if r.status.ok]))
 """
+
+
+def shim_states(cluster: Cluster, jobid: str, node: str) -> list[dict]:
+    """The shim's status of every process of the job on node. The test cluster keeps
+    each node's run dir under STATE/run/NODE (its jobs see it at the site's path)."""
+    outside = cluster.state / "run" / node / jobid
+    p = subprocess.run([sys.executable, "-c", ARENA_PROBE, jobid, node, str(outside)], env=cluster.env,
+                       capture_output=True, text=True, timeout=30)
+    if p.returncode != 0:
+        raise BenchError(f"the shim status of job {jobid} on {node}: {p.stderr.strip()[-1000:]}")
+    return json.loads(p.stdout)
 
 
 def arena_holds_gpu_memory(cluster: Cluster, jobid: str, node: str) -> bool:
     """Every GPU process of the job has its arena made and as large as its GPU memory."""
-    p = subprocess.run([sys.executable, "-c", ARENA_PROBE, jobid, node], env=cluster.env, capture_output=True,
-                       text=True, timeout=30)
-    procs = [st for st in (json.loads(p.stdout) if p.returncode == 0 else []) if st.get("gpu_bytes")]
+    procs = [st for st in shim_states(cluster, jobid, node) if st.get("gpu_bytes")]
     return bool(procs) and all(st.get("arena_ready") and st.get("arena_bytes", 0) >= st["gpu_bytes"] for st in procs)
 
 

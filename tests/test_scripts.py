@@ -129,3 +129,19 @@ def test_install_deps_names_the_package_it_cannot_fetch(tmp_path):
                          env=dict(os.environ, APT_CONFIG=str(apt_conf)))
     line = one_line_error(out, "install-deps: error:")
     assert "munge" in line, line
+
+
+def test_testcluster_down_where_the_ip_command_is_missing(tmp_path, monkeypatch):
+    # The GPU machine has no iproute2: its nodes share 127.0.0.1, and `down` must
+    # still finish (it once died in remove_net, leaving the state folder mounted).
+    from importlib.machinery import SourceFileLoader
+    from importlib.util import module_from_spec, spec_from_loader
+
+    monkeypatch.setenv("GPUCR_TESTCLUSTER_DIR", str(tmp_path))
+    spec = spec_from_loader("testcluster_module", SourceFileLoader("testcluster_module", str(SCRIPTS / "testcluster")))
+    tc = module_from_spec(spec)
+    spec.loader.exec_module(tc)
+    monkeypatch.setattr(tc, "IP", str(tmp_path / "no-such-ip"))
+    tc.remove_net()
+    with pytest.raises(tc.ClusterError, match="command not found"):
+        tc.ip("link", "add", "x", "type", "bridge")
