@@ -209,7 +209,8 @@ def restore_record(cluster: Cluster, jobid: str, gen: str) -> dict:
     log = cluster.state / "images" / jobid / "restore.log"
     m = re.search(rf"batch of {gen} read from (.+?) on (\S+), restored in ([\d.]+) s", log.read_text())
     if not m:
-        raise BenchError(f"restore.log of job {jobid} does not say how the batch of {gen} was restored")
+        tail = " | ".join(log.read_text().strip().splitlines()[-6:]) if log.exists() else "no restore.log"
+        raise BenchError(f"restore.log of job {jobid} does not say how the batch of {gen} was restored: {tail}")
     return {"restore_from": m.group(1), "restore_node": m.group(2), "restore_s": float(m.group(3))}
 
 
@@ -335,7 +336,10 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
             wait_for(lambda: not job_pids(jobid), timeout=120, what=f"job {jobid} to end")
         except BenchError:
             pass
-        shutil.rmtree(cluster.state / "images" / jobid, ignore_errors=True)
+        images = cluster.state / "images" / jobid
+        if (images / "restore.log").exists():  # what the restore said, kept beside the job's files
+            shutil.copy(images / "restore.log", d / "restore.log")
+        shutil.rmtree(images, ignore_errors=True)
 
 
 @contextmanager
@@ -447,13 +451,17 @@ def main(argv=None) -> int:
                 print(json.dumps(rec), flush=True)
     except BenchError as e:
         print(f"bench_preempt: {e}", file=sys.stderr)
-        return 1
+        failed = str(e)
+    else:
+        failed = ""
     finally:
         if started_it:
             subprocess.run([str(TESTCLUSTER), "down"], capture_output=True, timeout=180, env=env)
+    if failed and not records:
+        return 1
     out_path = args.out or REPO / "bench" / "results" / f"preempt-node-free-{started:%Y-%m-%d}.json"
     doc = {"date": started.isoformat(timespec="seconds"), "machine": platform.node(), "cpus": os.cpu_count(),
-           "cluster_mode": cluster.mode(), "records": records}
+           "cluster_mode": cluster.mode(), "records": records, **({"failed": failed} if failed else {})}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{'GiB':>5} {'tier':>7} {'preempt':>8} {'node free':>10} {'drained':>8} {'back':>7} {'raw disk':>9} "
@@ -468,7 +476,7 @@ def main(argv=None) -> int:
     if records and plot(records, out_path.with_suffix(".png")):
         print(f"plot: {out_path.with_suffix('.png')}")
     print(f"saved: {out_path}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

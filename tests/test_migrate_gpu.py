@@ -14,8 +14,10 @@ Without a GPU: the arena <-> HDF5 copy of gpu_image against a live (CPU) process
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,7 @@ import pytest
 from shim_helpers import REPO, build_shim, root_criu_or_skip
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.mounts import in_node_memory
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
 
@@ -90,6 +93,33 @@ def test_arena_to_h5_and_back_through_process_memory(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_an_image_in_node_memory_is_mapped_both_ways_and_left_unhashed(tmp_path, monkeypatch):
+    """A job's staging tier: save_process(hashed=False) fills the file in node memory
+    straight from the process (no digests: the drain makes them), and an unchecked
+    load_process of a file in node memory maps it; the file is the same HDF5 either way."""
+    shm = Path(tempfile.mkdtemp(prefix="gpucr-test-", dir="/dev/shm"))
+    monkeypatch.setattr(gpu_data, "COPY_CHUNK", (1 << 20) + 3)  # pieces that end mid-page
+    child, blobs = _holder()
+    try:
+        if not in_node_memory(shm):
+            pytest.skip("/dev/shm is not a tmpfs here")
+        want = blobs[0].size + blobs[1].size
+        staged, ref = shm / "process-1.h5", tmp_path / "process-1.h5"
+        rep = gpu_data.save_process(staged, child.pid, blobs, hashed=False)
+        assert rep["checksum"] is None and rep["bytes"] == want and rep["file_size"] == staged.stat().st_size
+        gpu_data.save_process(ref, child.pid, blobs)
+        assert {b.va: bytes(b.data) for b in gpu_data.read(staged)} == {b.va: bytes(b.data) for b in gpu_data.read(ref)}
+        _step(child, "zeroed")
+        rep = gpu_data.load_process(staged, child.pid, blobs)
+        assert rep["mapped"] and rep["bytes"] == want and not rep["checked"]
+        _step(child, "same")
+        assert gpu_data.load_process(ref, child.pid, blobs).get("mapped", False) == in_node_memory(ref)
+    finally:
+        child.kill()
+        child.wait()
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 @pytest.mark.parametrize("block,direct", [(image_store.HASH_BLOCK, True), (image_store.HASH_BLOCK, False),

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.mounts import MEMORY_FS, fs_type
 
 KEY_FILE = Path("/etc/gpucr-hpc/image.key")
 SUDOERS = Path("/etc/sudoers.d/gpucr-hpc")
@@ -212,23 +213,6 @@ def arena(site) -> Check:
     return Check("arena", True, f"{path}: {free / 2**30:.1f} GiB free{pages}")
 
 
-MEMORY_FS = ("tmpfs", "hugetlbfs")
-
-
-def fs_type(path: Path) -> str:
-    """The type of the file system `path` is on (/proc/self/mountinfo: the deepest mount above it)."""
-    best, kind = "", "unknown"
-    real = os.path.realpath(path)
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return kind
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        mount = left.split()[4].replace("\\040", " ")
-        if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
-            best, kind = mount, right.split()[0]
-    return kind
 
 
 def stage(site) -> Check:

@@ -188,7 +188,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
             node = node_gpus() or {}
             m["vendor"] = node.get("vendor") or "nvidia"
             m["gpu"] = {k: node.get(k) for k in ("model", "models", "uuids", "driver_version")}
-            gpu = image_gpu.GpuCheckpoint(pid, writer.path, timeout_ms, run_dir)
+            gpu = image_gpu.GpuCheckpoint(pid, writer.path, timeout_ms, run_dir, hashed=checksums)
             gpu.run()
             gpu_active = True
             timings.update({f"gpu_{k}": v for k, v in gpu.timings.items()})
@@ -218,7 +218,10 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
             timings["gpu_resume_s"] = gpu.resume()["resume_s"]  # the original runs on, on its GPU
             gpu_active = False
         for rel, size, digests in (gpu.h5_files if gpu else []):
-            writer.add_blocks(rel, size, digests)
+            if digests is None:
+                writer.add_unhashed(rel)
+            else:
+                writer.add_blocks(rel, size, digests)
         if stage:
             criu_bytes = writer.add_tree(stage, image_store.CRIU_SUBDIR)
         else:

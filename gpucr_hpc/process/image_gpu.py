@@ -77,8 +77,9 @@ class GpuCheckpoint:
     for its lock; run_dir: where the shims' control sockets are (default: the usual)."""
 
     def __init__(self, pid: int, image_dir: Path, timeout_ms: int | None = None,
-                 run_dir: Path | None = None):
+                 run_dir: Path | None = None, hashed: bool = True):
         self.pid = pid
+        self.hashed = hashed  # False: image_dir is in node memory, the drain checksums it
         self.dir = Path(image_dir)
         self.timeout_ms = TIMEOUT_MS if timeout_ms is None else timeout_ms
         self.run_dir = run_dir
@@ -88,7 +89,7 @@ class GpuCheckpoint:
             raise GpucrError(f"process {pid} is checkpointed in place",
                              f"restore it first (`gpucr-hpc restore --pid {pid}`), then checkpoint --to")
         self.records: list[dict] = []   # per process, for the manifest
-        self.h5_files: list[tuple[str, int, list]] = []   # image-relative name, size, block sha256s
+        self.h5_files: list[tuple[str, int, list | None]] = []   # image-relative name, size, block sha256s
         self.timings: dict[str, float] = {}
         self.bytes = 0
         self._shimmed: list = []
@@ -167,7 +168,7 @@ class GpuCheckpoint:
             attrs["device_uuids"] = gpu_data.string_array(rec["gpu_uuids"])
         try:
             rep = gpu_data.save_process(self.dir / rel, tg.pid, blobs, attrs=attrs,
-                                         block_bytes=image_store.HASH_BLOCK)
+                                         block_bytes=image_store.HASH_BLOCK, hashed=self.hashed)
         except OSError as e:
             raise GpucrError(f"writing the GPU data of process {tg.pid} to {self.dir / rel} failed: "
                              f"{e.strerror or e}", "free space there or checkpoint --to another directory")
