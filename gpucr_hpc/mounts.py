@@ -8,6 +8,8 @@ from pathlib import Path
 
 # File systems whose files are pages of the node's memory.
 MEMORY_FS = frozenset({"tmpfs", "hugetlbfs", "ramfs"})
+# Of those, hugetlbfs takes no write(2) (only mappings): no image can be written there.
+UNWRITABLE_FS = frozenset({"hugetlbfs"})
 
 
 def fs_type(path: Path | str) -> str:

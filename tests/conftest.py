@@ -178,3 +178,16 @@ def cuda_bin(tmp_path_factory):
     out = tmp_path_factory.mktemp("bin") / "cuda_malloc"
     subprocess.run([nvcc, "-O2", "-o", str(out), str(REPO / "tests/shim_workloads/cuda_malloc.cu")], check=True)
     return out
+
+
+@pytest.fixture
+def hugetlbfs_dir(tmp_path):
+    """A hugetlbfs mounted on a new folder (root only): node memory that takes no write(2)."""
+    where = tmp_path / "huge"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "hugetlbfs", "none", str(where)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a hugetlbfs here (needs root)")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], capture_output=True)

@@ -112,6 +112,14 @@ def test_the_staging_tier_is_node_memory_every_user_can_write(monkeypatch):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_a_staging_tier_on_hugetlbfs_fails_with_the_fix(monkeypatch, hugetlbfs_dir):
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    (hugetlbfs_dir / "n1").mkdir()
+    (hugetlbfs_dir / "n1").chmod(0o1777)
+    c = checks.stage(Site(plugstack=None, stage=f"{hugetlbfs_dir}/%n"))
+    assert c.ok is False and "hugetlbfs" in c.detail and "tmpfs" in c.fix
+
+
 def test_a_staging_tier_on_a_disk_is_named_as_such(tmp_path):
     (tmp_path / "stage").mkdir()
     (tmp_path / "stage").chmod(0o1777)

@@ -316,3 +316,16 @@ def test_two_drains_of_one_job_on_a_node_take_turns(site):
         assert second.is_alive() and generations.is_staged(gen)
     second.join(30)
     assert not second.is_alive() and done == [] and (gen / mf.COMMITTED).exists()
+
+
+def test_a_stage_on_hugetlbfs_is_not_used_and_the_units_go_to_the_image_root(tmp_path, monkeypatch, hugetlbfs_dir):
+    # hugetlbfs takes no write(2): CRIU and the GPU data could not be written there.
+    (hugetlbfs_dir / "n1").mkdir()
+    (hugetlbfs_dir / "n1").chmod(0o1777)
+    (tmp_path / "plugstack.conf").write_text(
+        f"optional /usr/local/lib/gpucr/spank_gpucr.so imageroot={tmp_path} stage={hugetlbfs_dir}/%n\n")
+    (tmp_path / "slurm.conf").write_text("ClusterName=t\n")
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    budget = staging.Budget(load_site(), "7")
+    assert budget.dir is None and not budget.take(1)

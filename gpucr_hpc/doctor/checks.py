@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.mounts import MEMORY_FS, fs_type
+from gpucr_hpc.mounts import MEMORY_FS, UNWRITABLE_FS, fs_type
 
 KEY_FILE = Path("/etc/gpucr-hpc/image.key")
 SUDOERS = Path("/etc/sudoers.d/gpucr-hpc")
@@ -231,12 +231,16 @@ def stage(site) -> Check:
         return Check("staging tier", False, e.cause, e.fix)
     except OSError as e:
         return Check("staging tier", False, f"{path} (stage=): {e.strerror}",
-                     f"mkdir -m 1777 {path} on every node, on a tmpfs or hugetlbfs")
+                     f"mkdir -m 1777 {path} on every node, on a tmpfs")
     mode = stat.S_IMODE(st.st_mode)
     if not stat.S_ISDIR(st.st_mode) or mode != 0o1777:
         return Check("staging tier", False, f"{path} (stage=) is mode {mode:04o}: job users cannot stage there",
                      f"chmod 1777 {path}, as /dev/shm is")
     kind = fs_type(path)
+    if kind in UNWRITABLE_FS:
+        return Check("staging tier", False, f"{path} (stage=) is on {kind}, which takes no written files: "
+                     "no checkpoint can be staged there", "put stage= on a tmpfs (mount -t tmpfs -o huge=always "
+                     "for huge pages)")
     note = "" if kind in MEMORY_FS else f"; it is on {kind}, not node memory: a preemption waits for that disk"
     used = staging.used_bytes(path)
     return Check("staging tier", True, f"{path} on {kind}: cap {cap / 2**30:.1f} GiB (stage_cap={site.stage_cap}), "

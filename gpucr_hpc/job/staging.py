@@ -1,7 +1,8 @@
 """The staging tier: node memory a preemption writes its units to first.
 
-A site names it in plugstack.conf (stage=, a tmpfs or hugetlbfs directory on
-every node, writable by all like /dev/shm; %n is the node's name) and caps
+A site names it in plugstack.conf (stage=, a tmpfs directory on every node,
+writable by all like /dev/shm; %n is the node's name; not hugetlbfs, which
+takes no write(2), so CRIU could write no image there) and caps
 what staged checkpoints may take of it (stage_cap=: a share such as 50% of the
 file system, or a size such as 64G). A unit that would not fit under the cap
 is written straight to the image root, as without a staging tier.
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.mounts import UNWRITABLE_FS, fs_type
 from gpucr_hpc.slurm.site import Site, expand
 
 MARGIN = 1.2  # a unit's image against the resident memory of its processes
@@ -87,6 +89,9 @@ class Budget:
             st = os.statvfs(root)
         except OSError:
             self.dir = None  # no such directory on this node: straight to the image root
+            return
+        if fs_type(root) in UNWRITABLE_FS:  # `gpucr-hpc doctor` says so; the image root takes it
+            self.dir = None
             return
         cap = cap_bytes(site.stage_cap, st.f_blocks * st.f_frsize)
         self.left = min(cap - used_bytes(root), st.f_bavail * st.f_frsize)
