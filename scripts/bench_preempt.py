@@ -10,7 +10,8 @@ Per size, in one run:
   node_free_s    from the same start until no process of the job is left on
                  the node (none whose environment carries its SLURM_JOB_ID:
                  script, ranks, agents), polled every 20 ms;
-  back_s         from the same start until the job, restarted, logs a new step;
+  back_s         from the same start until the job, restarted, logs a new step (with
+                 --gpu each step reads the GPU: its data is back);
   image_gib      the generation's bytes (manifest), and image_write_GBps those
                  bytes over preempt_s; unit_dump_s, unit_persist_s: the slowest
                  unit's CRIU dump (to node memory where it fits) and its write
@@ -93,6 +94,8 @@ log = open(os.path.join(out, "steps.txt"), "a", buffering=1)
 step = 0
 while True:
     step += 1
+    if where == "gpu":  # a step reads the GPU: after a restore, once its data is back
+        ballast[(step * 4099) % ballast.numel()].item()
     log.write(f"{step} {time.time():.3f}\n")
     time.sleep(0.1)
 """
@@ -199,6 +202,12 @@ def slowest_unit(result: dict) -> float | None:
     return round(max(took), 3) if took else None
 
 
+def gpu_name() -> str:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
 def drop_page_cache() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -207,10 +216,16 @@ def drop_page_cache() -> None:
 def restore_record(cluster: Cluster, jobid: str, gen: str) -> dict:
     """The script's tree's restore as restore.log tells it: where it was read, and how long."""
     log = cluster.state / "images" / jobid / "restore.log"
-    m = re.search(rf"batch of {gen} read from (.+?) on (\S+), restored in ([\d.]+) s", log.read_text())
-    if not m:
+
+    def said() -> re.Match | None:
+        text = log.read_text() if log.exists() else ""
+        return re.search(rf"batch of {gen} read from (.+?) on (\S+), restored in ([\d.]+) s", text)
+
+    try:  # a large image's restore may still be loading the GPU data
+        m = wait_for(said, timeout=600, what=f"restore.log of job {jobid} to say how {gen} was restored")
+    except BenchError as e:
         tail = " | ".join(log.read_text().strip().splitlines()[-6:]) if log.exists() else "no restore.log"
-        raise BenchError(f"restore.log of job {jobid} does not say how the batch of {gen} was restored: {tail}")
+        raise BenchError(f"{e}: {tail}") from e
     return {"restore_from": m.group(1), "restore_node": m.group(2), "restore_s": float(m.group(3))}
 
 
@@ -461,6 +476,7 @@ def main(argv=None) -> int:
         return 1
     out_path = args.out or REPO / "bench" / "results" / f"preempt-node-free-{started:%Y-%m-%d}.json"
     doc = {"date": started.isoformat(timespec="seconds"), "machine": platform.node(), "cpus": os.cpu_count(),
+           **({"gpu": gpu_name()} if args.gpu else {}),
            "cluster_mode": cluster.mode(), "records": records, **({"failed": failed} if failed else {})}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
