@@ -69,7 +69,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from bench_cluster import REPO, TESTCLUSTER, BenchError, Cluster, cluster_env, cluster_is_up, cluster_up, wait_for
@@ -358,11 +358,30 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
 
 
 @contextmanager
-def staging_tier(cluster: Cluster, drain_delay_s: float = 0.0) -> Iterator[None]:
-    """plugstack.conf stage= in /dev/shm, one folder per node as an admin makes them.
-    drain_delay_s: each drain starts that much later (an image root slower than the
-    job's restart, as at 17 GiB and more), through a cli= that waits before it."""
-    root = Path(tempfile.mkdtemp(prefix="gpucr-bench-stage-", dir="/dev/shm"))
+def huge_node_memory(cluster: Cluster, gib: float) -> Iterator[Path]:
+    """A tmpfs of 2 MiB pages (huge=always), mounted here for the run, holding the
+    arena (plugstack arena=) and the staging tier: a fresh 4 KiB page of /dev/shm
+    costs its allocation at first touch (scripts/bench_node_memory.py)."""
+    # under the cluster's state folder: a mount there reaches the nodes' mount namespaces
+    where = Path(tempfile.mkdtemp(prefix="gpucr-bench-huge-", dir=cluster.state))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"huge=always,size={int(gib)}G,mode=0755", "none", str(where)],
+                   check=True, capture_output=True)
+    try:
+        (where / "arena").mkdir()
+        (where / "arena").chmod(0o1777)
+        with cluster.plugstack_args(f"arena={where / 'arena'}"):
+            yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@contextmanager
+def staging_tier(cluster: Cluster, drain_delay_s: float = 0.0, memory: Path = Path("/dev/shm")) -> Iterator[None]:
+    """plugstack.conf stage= in node memory (memory: /dev/shm, or --huge's tmpfs), one
+    folder per node as an admin makes them. drain_delay_s: each drain starts that much
+    later (an image root slower than the job's restart, as at 17 GiB and more), through
+    a cli= that waits before it."""
+    root = Path(tempfile.mkdtemp(prefix="gpucr-bench-stage-", dir=memory))
     root.chmod(0o755)
     for node in cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split():
         (root / node).mkdir(exist_ok=True)
@@ -460,6 +479,8 @@ def main(argv=None) -> int:
     ap.add_argument("--drain-delay", type=float, default=0.0,
                     help="with --restore: the staged same-node run's drain starts this many seconds late, so "
                          "that the job is back before it is done (a slower image root)")
+    ap.add_argument("--huge", type=float, default=0.0, metavar="GIB",
+                    help="the arena and the staging tier on a tmpfs of 2 MiB pages of this size, mounted for the run")
     ap.add_argument("--raw-gib", type=float, default=None,
                     help="the raw rates measured with at most this many GiB (default: the job's size)")
     ap.add_argument("--out", type=Path, help="the JSON (default: bench/results/preempt-node-free-DATE.json)")
@@ -476,13 +497,15 @@ def main(argv=None) -> int:
     env = cluster_env(tmp)
     started_it = not cluster_is_up(env)
     records = []
+    stack = ExitStack()
     try:
         cluster = cluster_up(env)
+        memory = stack.enter_context(huge_node_memory(cluster, args.huge)) if args.huge else Path("/dev/shm")
         for gib in args.gib:
             for tier, place in runs(args):
                 if tier == "staged":
                     delay = args.drain_delay if place == "same" else 0.0
-                    with staging_tier(cluster, delay):
+                    with staging_tier(cluster, delay, memory):
                         rec = one_size(cluster, gib, args.gpu, tmp, tier, place, delay, args.raw_gib)
                 else:
                     rec = one_size(cluster, gib, args.gpu, tmp, tier, place, raw_gib=args.raw_gib)
@@ -494,6 +517,7 @@ def main(argv=None) -> int:
     else:
         failed = ""
     finally:
+        stack.close()
         if started_it:
             subprocess.run([str(TESTCLUSTER), "down"], capture_output=True, timeout=180, env=env)
     if failed and not records:
@@ -501,7 +525,8 @@ def main(argv=None) -> int:
     out_path = args.out or REPO / "bench" / "results" / f"preempt-node-free-{started:%Y-%m-%d}.json"
     doc = {"date": started.isoformat(timespec="seconds"), "machine": platform.node(), "cpus": os.cpu_count(),
            **({"gpu": gpu_name()} if args.gpu else {}),
-           "cluster_mode": cluster.mode(), "records": records, **({"failed": failed} if failed else {})}
+           "cluster_mode": cluster.mode(), **({"huge_tmpfs_gib": args.huge} if args.huge else {}),
+           "records": records, **({"failed": failed} if failed else {})}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{'GiB':>5} {'tier':>7} {'preempt':>8} {'node free':>10} {'drained':>8} {'back':>7} {'raw disk':>9} "
