@@ -191,3 +191,22 @@ def hugetlbfs_dir(tmp_path):
         yield where
     finally:
         subprocess.run(["umount", str(where)], capture_output=True)
+
+
+@pytest.fixture
+def tmpfs_dir(tmp_path):
+    """mount(options) -> a new tmpfs with those options (root only), unmounted after the test."""
+    made = []
+
+    def mount(options: str):
+        where = tmp_path / f"tmpfs-{len(made)}"
+        where.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "none", str(where)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("cannot mount a tmpfs here (needs root)")
+        made.append(where)
+        return where
+
+    yield mount
+    for where in made:
+        subprocess.run(["umount", str(where)], capture_output=True)

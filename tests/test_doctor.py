@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucr_hpc import mounts
 from gpucr_hpc.doctor import checks, nodes
 from gpucr_hpc.slurm.site import Site
 
@@ -118,6 +119,21 @@ def test_a_staging_tier_on_hugetlbfs_fails_with_the_fix(monkeypatch, hugetlbfs_d
     (hugetlbfs_dir / "n1").chmod(0o1777)
     c = checks.stage(Site(plugstack=None, stage=f"{hugetlbfs_dir}/%n"))
     assert c.ok is False and "hugetlbfs" in c.detail and "tmpfs" in c.fix
+
+
+def test_node_memory_on_small_pages_is_named_with_the_mount_option_that_mends_it(monkeypatch, tmpfs_dir):
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    small, huge = tmpfs_dir("size=64M"), tmpfs_dir("size=64M,huge=always")
+    assert not mounts.huge_pages(small) and mounts.huge_pages(huge)
+    for root in (small, huge):
+        (root / "n1").mkdir()
+        (root / "n1").chmod(0o1777)
+    on_small = checks.stage(Site(plugstack=None, stage=f"{small}/%n"))
+    on_huge = checks.stage(Site(plugstack=None, stage=f"{huge}/%n"))
+    assert on_small.ok is True and "huge=always" in on_small.detail
+    assert on_huge.ok is True and "huge=always" not in on_huge.detail
+    assert "huge=always" in checks.arena(Site(plugstack=None, arena=str(small))).detail
+    assert "huge=always" not in checks.arena(Site(plugstack=None, arena=str(huge))).detail
 
 
 def test_a_staging_tier_on_a_disk_is_named_as_such(tmp_path):
