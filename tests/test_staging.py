@@ -329,3 +329,10 @@ def test_a_stage_on_hugetlbfs_is_not_used_and_the_units_go_to_the_image_root(tmp
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     budget = staging.Budget(load_site(), "7")
     assert budget.dir is None and not budget.take(1)
+
+
+def test_a_restore_log_line_says_where_the_time_went():
+    said = batch_restore.phases_said({"criu_restore_s": 0.614, "gpu_attach_s": 0.9, "gpu_h5_read_s": 1.2,
+                                      "total_s": 3.0, "gpu_data_s": None})
+    assert said == " (CRIU 0.61 s, arena 0.90 s, GPU data read 1.20 s)"
+    assert batch_restore.phases_said({}) == ""

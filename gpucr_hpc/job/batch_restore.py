@@ -205,6 +205,16 @@ def remove_created(paths: list[Path]) -> None:
             pass
 
 
+PHASES = (("criu_restore_s", "CRIU"), ("gpu_control_s", "driver"), ("gpu_attach_s", "arena"),
+          ("gpu_h5_read_s", "GPU data read"), ("gpu_data_s", "to the GPU"))
+
+
+def phases_said(timings: dict) -> str:
+    """Where a restore's time went, for its restore.log line: ' (CRIU 0.61 s, arena 0.90 s, ...)'."""
+    said = [f"{name} {timings[key]:.2f} s" for key, name in PHASES if isinstance(timings.get(key), (int, float))]
+    return f" ({', '.join(said)})" if said else ""
+
+
 def restore_unit(gen: Path, unit: dict, site, jobid: str,
                  inherit: dict[int, str] | None = None, moved: dict[str, str] | None = None,
                  lock: netlock.Spec | None = None, verified: bool = True) -> dict:
@@ -226,7 +236,7 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
         finally:
             remove_created(created)  # the restored shell holds it open by now
     log(f"{unit['name']} of {gen.name} read from {where} on {node_name()}, restored in "
-        f"{time.monotonic() - t0:.2f} s")
+        f"{time.monotonic() - t0:.2f} s{phases_said(rep.get('timings') or {})}")
     if unit["name"] == "batch" and unit.get("nccl"):  # the script's own ranks: all in this tree
         try:
             nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir, reload=True)
