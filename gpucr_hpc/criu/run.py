@@ -57,6 +57,12 @@ _POST_DUMP_CODE = (
 # CRIU error lines that are known to be harmless (FACTS: CRIU).
 _HARMLESS = ("Can't setup RLIMIT_NOFILE",)
 
+# A tree is restored into the cgroups of whoever restores it (the job's new step),
+# never into those it had: on another node those are the old node's job cgroups,
+# where Slurm's proctrack/cgroup would neither freeze, limit nor end it. CRIU's
+# "ignore" mode, at dump and restore, leaves cgroups alone.
+NO_CGROUPS = ("--manage-cgroups=ignore",)
+
 
 def _parse_version(text: str) -> tuple[int, ...] | None:
     m = re.search(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", text, re.M)
@@ -113,7 +119,7 @@ class Criu:
         enter, tree_pid = enter_pidns_of(pid)
         args = enter + (run_as or []) + [self.path] + (["--unprivileged"] if run_as else []) + [
             "dump", "-t", str(tree_pid), "-D", str(images_dir), "-W", str(work_dir),
-            "-o", "dump.log", "-v4", "--file-locks", "--link-remap"]
+            "-o", "dump.log", "-v4", "--file-locks", "--link-remap", *NO_CGROUPS]
         if leave_running:
             args.append("--leave-running")
         if shell_job:
@@ -186,7 +192,7 @@ class Criu:
         pidfile = work_dir / "restore.pid"
         log = work_dir / "restore.log"
         args = [self.path, "restore", "-D", str(images_dir), "-W", str(work_dir), "-o", "restore.log",
-                "-v4", "--file-locks", "--link-remap", "--pidfile", str(pidfile)]
+                "-v4", "--file-locks", "--link-remap", *NO_CGROUPS, "--pidfile", str(pidfile)]
         if shell_job:
             args.append("--shell-job")
         inherit = inherit or {}

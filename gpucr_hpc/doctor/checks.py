@@ -221,8 +221,6 @@ def small_pages_note(path: Path) -> str:
             "pages on the H100 machine): mount that tmpfs with -o huge=always")
 
 
-
-
 def stage(site) -> Check:
     """The staging tier (plugstack stage=): node memory every job user can write to."""
     from gpucr_hpc.job import staging
