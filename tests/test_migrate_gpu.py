@@ -102,6 +102,7 @@ def test_an_image_in_node_memory_is_mapped_both_ways_and_left_unhashed(tmp_path,
     shm = Path(tempfile.mkdtemp(prefix="gpucr-test-", dir="/dev/shm"))
     monkeypatch.setattr(gpu_data, "COPY_CHUNK", (1 << 20) + 3)  # pieces that end mid-page
     child, blobs = _holder()
+    other = None
     try:
         if not in_node_memory(shm):
             pytest.skip("/dev/shm is not a tmpfs here")
@@ -114,11 +115,16 @@ def test_an_image_in_node_memory_is_mapped_both_ways_and_left_unhashed(tmp_path,
         _step(child, "zeroed")
         rep = gpu_data.load_process(staged, child.pid, blobs)
         assert rep["mapped"] and rep["bytes"] == want and not rep["checked"]
-        _step(child, "same")
-        assert gpu_data.load_process(ref, child.pid, blobs).get("mapped", False) == in_node_memory(ref)
+        _step(child, "same")  # the holder ends here: the file on a disk goes to another one
+        other, blobs = _holder()
+        _step(other, "zeroed")
+        assert gpu_data.load_process(ref, other.pid, blobs).get("mapped", False) == in_node_memory(ref)
+        _step(other, "same")
     finally:
-        child.kill()
-        child.wait()
+        for p in (child, other):
+            if p is not None:
+                p.kill()
+                p.wait()
         shutil.rmtree(shm, ignore_errors=True)
 
 
