@@ -307,6 +307,10 @@ SETTINGS: tuple[Setting, ...] = (
        "`all`: every test-cluster node has all the machine's GPUs; counts such as `2,1,1`: each node has that many "
        "of its own, dealt out in order (`split`: one each), so that NCCL sees separate hosts and a moved rank "
        "lands on another GPU.", "scripts", set_by=("test", "scripts")),
+    _s("GPUCR_TESTCLUSTER_PROCTRACK", "choice", "linuxproc",
+       "`cgroup`: the test cluster tracks jobs by cgroups (proctrack/cgroup, cgroup v1), as most sites do; "
+       "Slurm then ends what is left in a job's cgroups (tests/test_job_cgroup.py).", "scripts",
+       set_by=("test", "scripts"), choices=("linuxproc", "cgroup")),
     _s("GPUCR_SLURM_PREFIX", "path", None,
        "A Slurm unpacked under this dir (`scripts/fetch-slurm-debs`) instead of the system's, for the test "
        "cluster.", "scripts", set_by=("test", "scripts"), default_doc="the system's Slurm"),
