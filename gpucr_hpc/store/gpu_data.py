@@ -312,6 +312,11 @@ def _payload(blobs: list[Blob], offsets: list[int | None]) -> list[tuple[int, in
     return sorted((cast(int, off), b.size, b.host) for b, off in zip(blobs, offsets) if b.size)
 
 
+def _payload_of(jobs) -> list[tuple[int, int, int]]:
+    """load_process's (file offset, address, size) jobs as _payload orders them."""
+    return sorted((off, size, host) for off, host, size in jobs)
+
+
 def _overlaps(payload, start: int, end: int):
     """(lo, hi, address of lo in the process) of each payload piece inside the file
     range [start, end), in file order; payload as _payload makes it (sorted, disjoint)."""
@@ -455,7 +460,7 @@ def load_process(path: Path, pid: int, blobs: list[Blob], *, block_digests: list
         raise ValueError(f"{path} holds {len(layout)} allocations, process {pid} has {len(blobs)}")
     t0 = time.monotonic()
     if block_digests is None and in_node_memory(path):
-        payload = sorted((off, size_, host) for off, host, size_ in jobs)
+        payload = _payload_of(jobs)
         total, _ = _mapped(path, pid, payload, write=True)
         return {"bytes": total, "allocations": len(blobs), "copy_s": time.monotonic() - t0,
                 "checked": False, "direct": False, "mapped": True}
@@ -481,7 +486,7 @@ def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block
     size = os.fstat(fd).st_size
     if len(digests) != (size + block_bytes - 1) // block_bytes:
         raise ValueError(f"{path} has {size} bytes, its checksums are for another size (truncated or corrupt)")
-    payload = sorted((off, size_, host) for off, host, size_ in jobs)  # as _payload makes it
+    payload = _payload_of(jobs)
     aligned = block_bytes % DIRECT_ALIGN == 0 and min(COPY_CHUNK, block_bytes) % DIRECT_ALIGN == 0
     dfd = _open_direct(path) if aligned else None
     cached = threading.Event()  # some read went through the page cache after all
