@@ -1,7 +1,9 @@
 """Helpers of the job-level tests: a counter workload, the CLI, waiting."""
 
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -95,6 +97,32 @@ def plugstack_args(cluster, args: str):
         yield
     finally:
         conf.write_text(original)
+
+
+@contextmanager
+def node_memory_stage(cluster, more_args: str = ""):
+    """A staging tier in each node's own folder in /dev/shm, made by the admin like
+    /dev/shm itself, on the plugin's line (with more_args) for the duration."""
+    root = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir="/dev/shm"))
+    root.chmod(0o755)
+    for node in ("n1", "n2", "n3"):
+        (root / node).mkdir(mode=0o1777)
+        (root / node).chmod(0o1777)
+    try:
+        with plugstack_args(cluster, f"stage={root}/%n stage_cap=50% {more_args}".rstrip()):
+            yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def drain_cli(cluster, name: str, before_drain: str) -> Path:
+    """A cli= for the plugin that runs `before_drain` (shell) ahead of a drain, then
+    the test cluster's own: a drain made late, or one that never runs on a node."""
+    cli = next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split() if w.startswith("cli="))
+    path = cluster.state / "etc" / name
+    path.write_text(f'#!/bin/sh\nif [ "$1" = drain ]; then {before_drain}; fi\nexec {cli} "$@"\n')
+    path.chmod(0o755)
+    return path
 
 
 def suspended_then_resumed(cluster, jobid, logs, resume) -> None:

@@ -9,7 +9,6 @@ cgroup v1 hierarchy. Real Slurm, real CRIU.
 """
 
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -25,9 +24,10 @@ from conftest import TESTCLUSTER, SlurmCluster  # noqa: E402
 from job_helpers import (  # noqa: E402
     assert_counted_once,
     counting_script,
+    drain_cli,
     gpucr,
+    node_memory_stage,
     numbers,
-    plugstack_args,
     suspended_then_resumed,
     wait_for,
 )
@@ -74,16 +74,23 @@ def counter_pids(log: Path) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-def test_a_job_restored_on_another_node_is_in_its_new_steps_cgroup(cgroup_cluster, workdir):
-    """CRIU put the restored tree back into the cgroups it had on the old node: Slurm's
-    freezer then left it running while the job was SUSPENDED."""
-    cluster, steps = cgroup_cluster, 900
-    log, out = workdir / "cg-count.txt", workdir / "cg-job.out"
-    jobid = cluster.sbatch(counting_script(workdir, log, steps), "--gpucr=on", "-o", str(out))
+def counting_on_a_drained_node(cluster, workdir: Path, log: Path, steps: int) -> tuple[str, str]:
+    """A counting --gpucr=on job, counting; its node then drained, so that its next
+    start is on another node (the caller sets the node back). Its id and first node."""
+    jobid = cluster.sbatch(counting_script(workdir, log, steps), "--gpucr=on", "-o", str(log.with_suffix(".out")))
     cluster.wait_state(jobid, "RUNNING")
     wait_for(lambda: len(numbers(log)) > 10, what="the job to count")
     first = cluster.job(jobid)["NodeList"]
     cluster.run("scontrol", "update", f"NodeName={first}", "State=DRAIN", "Reason=gpucr-test")
+    return jobid, first
+
+
+def test_a_job_restored_on_another_node_is_in_its_new_steps_cgroup(cgroup_cluster, workdir):
+    """CRIU put the restored tree back into the cgroups it had on the old node: Slurm's
+    freezer then left it running while the job was SUSPENDED."""
+    cluster, steps = cgroup_cluster, 900
+    log = workdir / "cg-count.txt"
+    jobid, first = counting_on_a_drained_node(cluster, workdir, log, steps)
     try:
         gpucr(cluster, "preempt", jobid)
         wait_for(lambda: cluster.job(jobid).get("Restarts") == "1" and cluster.job(jobid).get("JobState") == "RUNNING",
@@ -108,19 +115,9 @@ def test_a_job_restored_on_another_node_is_in_its_new_steps_cgroup(cgroup_cluste
 def late_drain_stage(cgroup_cluster):
     """A staging tier per node, and a drain that starts 8 s late (cli= wrapper): long
     after Slurm has ended what was in the job's cgroups."""
-    cluster = cgroup_cluster
-    root = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir="/dev/shm"))
-    root.chmod(0o755)
-    for node in ("n1", "n2", "n3"):
-        (root / node).mkdir()
-        (root / node).chmod(0o1777)
-    cli = next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split() if w.startswith("cli="))
-    late = cluster.state / "etc" / "late-drain"
-    late.write_text(f'#!/bin/sh\nif [ "$1" = drain ]; then sleep 8; fi\nexec {cli} "$@"\n')
-    late.chmod(0o755)
-    with plugstack_args(cluster, f"stage={root}/%n stage_cap=50% cli={late}"):
+    late = drain_cli(cgroup_cluster, "late-drain", "sleep 8")
+    with node_memory_stage(cgroup_cluster, f"cli={late}") as root:
         yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def drain_pids(jobid: str) -> list[int]:
@@ -130,12 +127,8 @@ def drain_pids(jobid: str) -> list[int]:
 
 def test_the_drain_of_a_staged_preemption_outlives_the_jobs_cgroups(cgroup_cluster, workdir, late_drain_stage):
     cluster, steps = cgroup_cluster, 400
-    log, out = workdir / "cg-drain-count.txt", workdir / "cg-drain-job.out"
-    jobid = cluster.sbatch(counting_script(workdir, log, steps), "--gpucr=on", "-o", str(out))
-    cluster.wait_state(jobid, "RUNNING")
-    wait_for(lambda: len(numbers(log)) > 10, what="the job to count")
-    first = cluster.job(jobid)["NodeList"]
-    cluster.run("scontrol", "update", f"NodeName={first}", "State=DRAIN", "Reason=gpucr-test")
+    log = workdir / "cg-drain-count.txt"
+    jobid, first = counting_on_a_drained_node(cluster, workdir, log, steps)
     try:
         gpucr(cluster, "preempt", jobid)
         wait_for(lambda: drain_pids(jobid), timeout=60, what="the drain to start")

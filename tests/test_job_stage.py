@@ -8,9 +8,7 @@ before the drains are done, it reads their memory (twice in a row)."""
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,9 @@ if os.geteuid() != 0:
 from job_helpers import (  # noqa: E402
     assert_counted_once,
     counting_script,
+    drain_cli,
     gpucr,
+    node_memory_stage,
     numbers,
     output_of,
     plugstack_args,
@@ -34,14 +34,8 @@ from job_helpers import (  # noqa: E402
 @pytest.fixture
 def stage(slurm_cluster):
     """A staging tier in each node's own folder, made by the admin like /dev/shm."""
-    root = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir="/dev/shm"))
-    root.chmod(0o755)
-    for node in ("n1", "n2", "n3"):
-        (root / node).mkdir(mode=0o1777)
-        (root / node).chmod(0o1777)
-    with plugstack_args(slurm_cluster, f"stage={root}/%n stage_cap=50%"):
+    with node_memory_stage(slurm_cluster) as root:
         yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def staged_units(stage: Path, jobid: str) -> list[str]:
@@ -248,13 +242,3 @@ srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/cou
 echo "after srun rc=$?"
 """)
     return script, [workdir / f"rank-{r}.txt" for r in range(2)]
-
-
-def drain_cli(cluster, name: str, before_drain: str) -> Path:
-    """A cli= for the plugin that runs `before_drain` (shell) ahead of a drain, then
-    the test cluster's own: a drain made late, or one that never runs on a node."""
-    cli = next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split() if w.startswith("cli="))
-    path = cluster.state / "etc" / name
-    path.write_text(f'#!/bin/sh\nif [ "$1" = drain ]; then {before_drain}; fi\nexec {cli} "$@"\n')
-    path.chmod(0o755)
-    return path
