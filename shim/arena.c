@@ -527,6 +527,76 @@ int gpucr_arena_attach(gpucr_register_fn reg)
     return rc;
 }
 
+/* A restore that filled the segments' files ahead (the agent, while CRIU and the
+ * driver restored the rest of the process) hands them over: fds[k] is the k-th
+ * detached segment's file, of that segment's size, mapped at its range instead
+ * of a new file, so its pages hold the data already. Every descriptor is taken
+ * (kept for the copy helper, else closed). -1 with errno, nothing attached, when
+ * they do not match the detached segments one for one. */
+int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n)
+{
+    int rc = 0, k = 0;
+    gpucr_numa_reset(NULL);
+    pthread_mutex_lock(&grow_mu);
+    pthread_mutex_lock(&mu);
+    double t0 = gpucr_now();
+    if (n != detached_locked()) {
+        errno = EINVAL;
+        rc = -1;
+    }
+    for (int i = 0; i < nsegs && rc == 0; i++) {
+        struct stat st;
+        if (!segs[i].detached)
+            continue;
+        if (fstat(fds[k], &st) < 0 || !S_ISREG(st.st_mode) || (size_t)st.st_size != segs[i].size) {
+            errno = EINVAL;
+            rc = -1;
+        }
+        k++;
+    }
+    k = 0;
+    for (int i = 0; i < nsegs && rc == 0; i++) {
+        struct seg *s = &segs[i];
+        if (!s->detached)
+            continue;
+        int fd = fds[k++];
+        /* populated: the pages are in the file already, only the tables are made */
+        if (mmap(s->base, s->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0) == MAP_FAILED) {
+            rc = -1;
+            break;
+        }
+        s->detached = 0;
+        s->path[0] = 0;
+        seq++;
+        if (keep_fds) {
+            s->fd = fds[k - 1];
+            s->gen = seq;
+        }
+        if (reg) {
+            if (reg(s->base, s->size) != 0) {
+                errno = EIO;
+                rc = -1;
+                break;
+            }
+            s->registered = 1;
+        }
+    }
+    for (int j = 0; j < n; j++) { /* the ones not kept */
+        int kept = 0;
+        for (int i = 0; i < nsegs && !kept; i++)
+            kept = segs[i].fd == fds[j];
+        if (!kept) {
+            int e = errno;
+            close(fds[j]);
+            errno = e;
+        }
+    }
+    setup_s += gpucr_now() - t0;
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&grow_mu);
+    return rc;
+}
+
 int gpucr_arena_detached(void)
 {
     pthread_mutex_lock(&mu);
@@ -568,6 +638,18 @@ int gpucr_arena_locate(const void *host, int *seg, size_t *offset)
         }
     pthread_mutex_unlock(&mu);
     return rc;
+}
+
+size_t gpucr_arena_bounds(int i, uintptr_t *base)
+{
+    size_t size = 0;
+    pthread_mutex_lock(&mu);
+    if (i >= 0 && i < nsegs) {
+        *base = (uintptr_t)segs[i].base;
+        size = segs[i].size;
+    }
+    pthread_mutex_unlock(&mu);
+    return size;
 }
 
 int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen)

@@ -672,28 +672,57 @@ void gpucr_cmd_arena_detach(struct jbuf *out)
     jb_bool(out, "ok", 1);
     jb_i64(out, "segments", gpucr_arena_segments());
     jb_u64(out, "arena_bytes", gpucr_arena_capacity());
+    /* what a restore needs to fill the segments' files ahead (arena_attach) */
+    jb_str(out, "arena_dir", gpucr_arena_dir());
+    jb_key_arr(out, "arena_segments");
+    for (int i = 0; i < gpucr_arena_segments(); i++) {
+        uintptr_t base = 0;
+        size_t size = gpucr_arena_bounds(i, &base);
+        jb_arr_begin(out);
+        jb_elem_u64(out, base);
+        jb_elem_u64(out, size);
+        jb_arr_end(out);
+    }
+    jb_arr_end(out);
     jb_f64(out, "detach_s", gpucr_now() - t0);
     jb_end(out);
 }
 
-/* After the driver restore (+ unlock), before the agent refills the blobs. */
+/* After the driver restore (+ unlock), before the agent refills the blobs. With
+ * descriptors, the agent filled the segments' files ahead: they are mapped as
+ * they are ("filled": true), and the blobs need no refill. */
 void gpucr_cmd_arena_attach(struct jbuf *out)
 {
     char why[200];
-    if (state != ST_CHECKPOINTED || !gpucr_arena_detached())
+    int fds[GPUCR_ARENA_MAX_SEGS];
+    int nfds = gpucr_control_take_fds(fds, GPUCR_ARENA_MAX_SEGS);
+    if (nfds < 0)
+        return err(out, "more descriptors came with arena_attach than the arena has segments");
+    if (state != ST_CHECKPOINTED || !gpucr_arena_detached()) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
         return err(out, "the arena is not detached: nothing to attach");
+    }
     double t0 = gpucr_now();
     CUresult rc = any_ctx();
     if (rc != CUDA_SUCCESS) {
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
         snprintf(why, sizeof why, "no CUDA context to register the arena with (%s); restore the driver state first", cu_name(rc));
         return err(out, why);
     }
-    if (gpucr_arena_attach(gpucr_pin_arena ? gpucr_host_register : NULL) != 0) {
+    gpucr_register_fn reg = gpucr_pin_arena ? gpucr_host_register : NULL;
+    if (nfds > 0 && gpucr_arena_attach_files(reg, fds, nfds) != 0) {
+        snprintf(why, sizeof why, "mapping the arena's %d files filled ahead failed (%s)", nfds, strerror(errno));
+        return err(out, why);
+    }
+    if (nfds == 0 && gpucr_arena_attach(reg) != 0) {
         snprintf(why, sizeof why, "re-creating the arena in %s failed (%s)", gpucr_arena_dir(), strerror(errno));
         return err(out, why);
     }
     jb_begin(out);
     jb_bool(out, "ok", 1);
+    jb_bool(out, "filled", nfds > 0);
     jb_u64(out, "arena_bytes", gpucr_arena_capacity());
     jb_f64(out, "attach_s", gpucr_now() - t0);
     put_blobs(out);

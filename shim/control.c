@@ -2,7 +2,9 @@
  * served by one shim thread. Only the process's own user and root are answered
  * (SO_PEERCRED). After fork, the child gets its own socket and thread.
  * One answer carries a file descriptor (SCM_RIGHTS): ipc_fd, the shareable
- * handle behind a legacy IPC handle this process gave out (ipc_legacy.c). */
+ * handle behind a legacy IPC handle this process gave out (ipc_legacy.c). One
+ * request may carry descriptors: arena_attach, the arena's files filled ahead
+ * (arena.c); those a request does not take are closed after its answer. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
@@ -23,6 +25,63 @@ static char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static int listen_fd = -1;
 static pid_t owner_pid;
 static int pending_fd = -1; /* sent with the next reply, then closed */
+static int req_fds[GPUCR_ARENA_MAX_SEGS]; /* came with the request being read */
+static int req_nfds;
+static int req_fds_cut; /* more came than fit: the request cannot have them */
+
+int gpucr_control_take_fds(int *out, int max)
+{
+    if (req_fds_cut || req_nfds > max)
+        return -1;
+    int n = req_nfds;
+    memcpy(out, req_fds, (size_t)n * sizeof(int));
+    req_nfds = 0;
+    return n;
+}
+
+static void drop_req_fds(void)
+{
+    for (int i = 0; i < req_nfds; i++)
+        close(req_fds[i]);
+    req_nfds = 0;
+    req_fds_cut = 0;
+}
+
+/* recv, keeping the descriptors that come with the bytes (SCM_RIGHTS). */
+static ssize_t recv_with_fds(int fd, char *buf, size_t len)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int) * GPUCR_ARENA_MAX_SEGS)];
+    } ctl;
+    struct iovec iov = {buf, len};
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.b;
+    msg.msg_controllen = sizeof ctl.b;
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0)
+        return n;
+    if (msg.msg_flags & MSG_CTRUNC)
+        req_fds_cut = 1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        const int *got = (const int *)CMSG_DATA(c);
+        for (int i = 0; i < k; i++) {
+            if (req_nfds < GPUCR_ARENA_MAX_SEGS)
+                req_fds[req_nfds++] = got[i];
+            else {
+                close(got[i]);
+                req_fds_cut = 1;
+            }
+        }
+    }
+    return n;
+}
 
 const char *gpucr_control_path(void) { return path; }
 
@@ -207,7 +266,7 @@ static void serve(int fd)
         if (!nl) {
             if (have == sizeof buf - 1)
                 break; /* line too long */
-            ssize_t n = recv(fd, buf + have, sizeof buf - 1 - have, 0);
+            ssize_t n = recv_with_fds(fd, buf + have, sizeof buf - 1 - have);
             if (n < 0 && errno == EINTR)
                 continue;
             if (n <= 0)
@@ -219,11 +278,13 @@ static void serve(int fd)
         out.len = 0;
         out.first = 0;
         gpucr_control_dispatch(buf, &out);
+        drop_req_fds(); /* before the answer: the client may count them closed */
         reply(fd, &out);
         size_t used = (size_t)(nl - buf) + 1;
         memmove(buf, nl + 1, have - used);
         have -= used;
     }
+    drop_req_fds();
     jb_free(&out);
 }
 

@@ -166,6 +166,9 @@ void gpucr_arena_destroy(gpucr_register_fn unreg); /* unmaps and unlinks */
  * the same addresses (new files, pre-faulted, registered, zero-filled). */
 int gpucr_arena_detach(gpucr_register_fn unreg); /* 0, or -1 with errno */
 int gpucr_arena_attach(gpucr_register_fn reg);   /* 0, or -1 with errno */
+/* attach with the detached segments' files filled ahead, one per segment in
+ * order; takes every descriptor. 0, or -1 with errno (EINVAL: they do not match). */
+int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n);
 int gpucr_arena_detached(void);                  /* segments detached now */
 void gpucr_arena_after_fork_child(void);
 /* The copy helper (helper.c) maps the segments too: from now on new segments
@@ -176,6 +179,8 @@ int gpucr_arena_locate(const void *host, int *seg, size_t *offset);
 /* Segment i's descriptor (still ours), size and generation (a new file each time
  * it is mapped): 0, or -1 when it has no open descriptor. */
 int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen);
+/* Segment i's range (detached or not): its size, 0 when there is no such segment. */
+size_t gpucr_arena_bounds(int i, uintptr_t *base);
 
 /* ---- numa.c: the arena and the copy threads on the GPU's NUMA node --- */
 /* Set by the CUDA side (numa_gpu.c): the PCI bus id of the calling thread's GPU
@@ -231,6 +236,9 @@ int gpucr_cmd_restore(struct jbuf *out);                    /* enum gpucr_outcom
 void gpucr_cmd_arena_detach(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_staging_drop(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_arena_attach(struct jbuf *out);
+/* The descriptors that came with the request being answered (SCM_RIGHTS), taken
+ * by the caller: their number, or -1 when more came than `max` or than fit. */
+int gpucr_control_take_fds(int *out, int max);
 /* Ahead of the driver restore: the copy helper starts re-making and filling the
  * GPU memory meanwhile (helper.c). No CUDA call: the driver holds the process. */
 void gpucr_cmd_prefill(struct jbuf *out);

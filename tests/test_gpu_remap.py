@@ -57,8 +57,10 @@ def one_line(e: GpucrError) -> str:
 # -- CUDA_VISIBLE_DEVICES, as CUDA reads it ------------------------------------------
 
 def test_parse_smi_rows():
-    text = "0, GPU-aa, NVIDIA H100 80GB HBM3, 81000\n1, GPU-bb, NVIDIA H100 80GB HBM3, [N/A]\n\n"
-    assert gpu_inventory.parse_smi(text) == [Gpu(0, "GPU-aa", H100, 81000 << 20)]
+    text = ("0, GPU-aa, 580.159.04, NVIDIA H100 80GB HBM3, 81000\n1, GPU-bb, 580.159.04, NVIDIA H100 80GB HBM3, [N/A]\n"
+            "2, GPU-cc, 580.159.04, A, model, with commas, 1\n\n")
+    assert gpu_inventory.parse_smi(text) == [Gpu(0, "GPU-aa", H100, 81000 << 20, "580.159.04"),
+                                             Gpu(2, "GPU-cc", "A, model, with commas", 1 << 20, "580.159.04")]
 
 
 def test_visible_devices():

@@ -2,6 +2,7 @@
 gpucr_hpc/shim/protocol.py (a CPU process: the GPU data messages of the copy helper
 are exercised by test_copy_helper_gpu.py on a GPU machine)."""
 
+import os
 import subprocess
 
 import pytest
@@ -43,6 +44,29 @@ def test_a_refusal_is_a_reply_with_its_error_and_reason(client, cmd):
     c.checkpoint(1000)
     r = c.request(cmd)
     assert not r.ok and r.error and r.reason
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_descriptors_sent_with_a_request_are_closed_when_it_does_not_take_them(client, tmp_path):
+    """arena_attach may carry the arena's files (SCM_RIGHTS). Refused, or sent with a
+    request that takes none, they are closed in the process: none leaks, whatever
+    was asked."""
+    pid, c = client
+    files = [os.open(tmp_path, os.O_TMPFILE | os.O_RDWR, 0o600) for _ in range(3)]
+    try:
+        before = _open_fds(pid)
+        for cmd in (protocol.ARENA_ATTACH, protocol.STATUS):
+            r = c.request(cmd, fds=files)
+            assert r.ok == (cmd == protocol.STATUS) and not r.filled
+            assert _open_fds(pid) == before, cmd
+        c.checkpoint(1000)  # checkpointed, without GPU data: still nothing to attach
+        assert not c.request(protocol.ARENA_ATTACH, fds=files).ok and _open_fds(pid) == before
+    finally:
+        for fd in files:
+            os.close(fd)
 
 
 def test_every_request_is_one_the_shim_knows(client):

@@ -1,6 +1,7 @@
 """The NVIDIA GPUs of this node, and which of them a process sees.
 
-`node_gpus()` asks nvidia-smi for index, UUID, model and free memory of each GPU.
+`node_gpus()` asks nvidia-smi for index, UUID, driver version, model and free
+memory of each GPU, in one call (each call costs a restore time).
 `visible(value, gpus)` applies a CUDA_VISIBLE_DEVICES value to that list as CUDA
 does: entries are nvidia-smi indices or (prefixes of) UUIDs, and the list ends at
 the first entry that names no GPU (so `-1` hides them all); unset means every GPU.
@@ -27,6 +28,7 @@ class Gpu:
     uuid: str     # GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
     model: str    # nvidia-smi's name, e.g. "NVIDIA H100 80GB HBM3"
     free: int     # bytes of free memory now
+    driver: str = ""  # the driver's version
 
 
 def node_gpus() -> list[Gpu]:
@@ -35,7 +37,8 @@ def node_gpus() -> list[Gpu]:
     if not smi:
         return []
     try:
-        r = subprocess.run([smi, "--query-gpu=index,uuid,name,memory.free", "--format=csv,noheader,nounits"],
+        r = subprocess.run([smi, "--query-gpu=index,uuid,driver_version,name,memory.free",
+                            "--format=csv,noheader,nounits"],
                            capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return []
@@ -45,17 +48,18 @@ def node_gpus() -> list[Gpu]:
 
 
 def parse_smi(text: str) -> list[Gpu]:
-    """Rows of `index, uuid, name, memory.free [MiB]` (a model name may hold commas)."""
+    """Rows of `index, uuid, driver_version, name, memory.free [MiB]` (a model name may
+    hold commas)."""
     out = []
     for line in text.splitlines():
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 4:
+        if len(cells) < 5:
             continue
         try:
             index, free = int(cells[0]), int(cells[-1]) << 20
         except ValueError:  # "[N/A]" free memory: a GPU we cannot place anything on
             continue
-        out.append(Gpu(index=index, uuid=cells[1], model=", ".join(cells[2:-1]), free=free))
+        out.append(Gpu(index=index, uuid=cells[1], model=", ".join(cells[3:-1]), free=free, driver=cells[2]))
     return sorted(out, key=lambda g: g.index)
 
 

@@ -205,8 +205,9 @@ def remove_created(paths: list[Path]) -> None:
             pass
 
 
-PHASES = (("criu_restore_s", "CRIU"), ("gpu_control_s", "driver"), ("gpu_attach_s", "arena"),
-          ("gpu_h5_read_s", "GPU data read"), ("gpu_data_s", "to the GPU"))
+PHASES = (("checks_s", "checks"), ("criu_restore_s", "CRIU"), ("gpu_control_s", "driver"),
+          ("gpu_attach_s", "arena"), ("gpu_h5_read_s", "GPU data read"), ("gpu_data_s", "to the GPU"),
+          ("gpu_fill_s", "arena filled beside CRIU and the driver"))
 
 
 def phases_said(timings: dict) -> str:

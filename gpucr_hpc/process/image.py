@@ -42,7 +42,6 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -54,6 +53,7 @@ from gpucr_hpc import config, units
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.gpu import inventory as gpu_inventory
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
 
@@ -62,19 +62,13 @@ SHIM_LIBS = ("libgpucr-cuda.so",)  # the shims there are (one: NVIDIA)
 
 # -- node and process facts ---------------------------------------------------
 
-def node_gpus() -> dict | None:
-    """Vendor, model, UUIDs and driver version of this node's GPUs; None without GPUs."""
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            r = subprocess.run([smi, "--query-gpu=name,uuid,driver_version", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=30)
-            rows = [[c.strip() for c in line.split(",")] for line in r.stdout.splitlines() if line.strip()]
-        except (OSError, subprocess.TimeoutExpired):
-            rows = []
-        if r.returncode == 0 and rows:
-            return {"vendor": "nvidia", "model": rows[0][0], "models": [x[0] for x in rows],
-                    "uuids": [x[1] for x in rows], "driver_version": rows[0][2]}
+def node_gpus(here: list[gpu_inventory.Gpu] | None = None) -> dict | None:
+    """Vendor, model, UUIDs and driver version of this node's GPUs; None without GPUs.
+    here: gpu_inventory.node_gpus() when the caller has it already."""
+    gpus = gpu_inventory.node_gpus() if here is None else here
+    if gpus:
+        return {"vendor": "nvidia", "model": gpus[0].model, "models": [g.model for g in gpus],
+                "uuids": [g.uuid for g in gpus], "driver_version": gpus[0].driver}
     if os.path.exists("/dev/kfd"):
         return {"vendor": "amd", "model": None, "models": [], "uuids": [], "driver_version": None}
     return None
@@ -373,12 +367,13 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     proc = m.get("process") or {}
     if m.get("kind") != "process" or "root_pid" not in proc:
         raise GpucrError(f"image {img.path} is not a process image", "give restore --from a checkpoint --to directory")
-    check_node(m)
+    here = gpu_inventory.node_gpus() if m.get("vendor") or m.get("gpu_processes") else []
+    check_node(m, node_gpus(here))
     plan = None
     if m.get("gpu_processes"):
         from gpucr_hpc.process import image_gpu
 
-        plan = image_gpu.plan_restore(m, gpus)  # and whether the GPUs it goes onto have room
+        plan = image_gpu.plan_restore(m, gpus, here=here)  # and whether the GPUs it goes onto have room
     elif gpus:
         raise GpucrError(f"image {img.path} holds no GPU state, so --gpu has nothing to place",
                          "restore it without --gpu")
@@ -391,17 +386,28 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     new_ns = pidns == "new" or (pidns == "auto" and bool(clash))
     kept = _rewind(rewinds) if rewinds else []
     work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
-    t = time.monotonic()
-    restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
-                                  new_pidns=new_ns, inherit=inherit, tied=tied and new_ns,
-                                  tcp=bool((m.get("criu") or {}).get("tcp_lock")), moved=moved, lock=lock)
-    timings["criu_restore_s"] = time.monotonic() - t
-    placed: list[dict] = []
-    if m.get("gpu_processes"):
+    timings["checks_s"] = time.monotonic() - t0
+    fill = None
+    if m.get("gpu_processes"):  # the arenas fill while CRIU and the driver restore the rest
+        from gpucr_hpc.process import arena_fill
+
+        fill = arena_fill.ArenaFill(m, img.path, check=not checksums_verified)
+    try:
         t = time.monotonic()
-        gt, placed = _restore_gpu_or_end(m, img.path, restored, new_ns, plan, check=not checksums_verified)
-        timings.update({f"gpu_{k}": v for k, v in gt.items()})
-        timings["gpu_restore_s"] = time.monotonic() - t
+        restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
+                                      new_pidns=new_ns, inherit=inherit, tied=tied and new_ns,
+                                      tcp=bool((m.get("criu") or {}).get("tcp_lock")), moved=moved, lock=lock)
+        timings["criu_restore_s"] = time.monotonic() - t
+        placed: list[dict] = []
+        if m.get("gpu_processes"):
+            t = time.monotonic()
+            gt, placed = _restore_gpu_or_end(m, img.path, restored, new_ns, plan, check=not checksums_verified,
+                                             fill=fill)
+            timings.update({f"gpu_{k}": v for k, v in gt.items()})
+            timings["gpu_restore_s"] = time.monotonic() - t
+    finally:
+        if fill is not None:
+            fill.close()
     shutil.rmtree(work, ignore_errors=True)
     timings["total_s"] = time.monotonic() - t0
     return {"image": str(img.path), "pid": restored.host_pid, "ns_pid": restored.ns_pid,
@@ -412,7 +418,7 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
 
 
 def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None,
-                        check: bool = True) -> tuple[dict, list]:
+                        check: bool = True, fill=None) -> tuple[dict, list]:
     """GPU state into the CRIU-restored tree (timings, and the GPUs of each process);
     on failure the tree is ended (it could not run on) and the image stays as it
     was, for another try."""
@@ -422,7 +428,7 @@ def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None,
     pid_map = {(criu_mod.nspid(p)[-1] if new_ns else p): p for p in tree}
     try:
         paths: dict[int, str] = {}
-        timings = image_gpu.restore_gpu(m, image, pid_map, plan, check=check, data_paths=paths)
+        timings = image_gpu.restore_gpu(m, image, pid_map, plan, check=check, data_paths=paths, fill=fill)
         placed = image_gpu.placement(m, plan, pid_map)
         for proc in placed:
             if proc["pid"] in paths:

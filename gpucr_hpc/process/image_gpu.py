@@ -125,6 +125,9 @@ class GpuCheckpoint:
                             "detaching the arena")
                     self._detached.append(rec)
                     rec["arena_bytes"] = r.arena_bytes
+                    if r.arena_segments:  # for a restore that fills them ahead (arena_fill)
+                        rec["arena_dir"] = r.arena_dir
+                        rec["arena_segments"] = [list(seg) for seg in r.arena_segments]
             self.timings["detach_s"] = time.monotonic() - t
             if not early:
                 self._control(t0)
@@ -207,12 +210,25 @@ class GpuCheckpoint:
         return {"resume_s": time.monotonic() - t0}
 
 
-def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None) -> dict:
+def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None, filled=None) -> dict:
     """arena_attach in process `pid`, then its .h5 into the arena; with the
-    manifest `m`, each block checked against its sha256 as it is read."""
-    digests, block = image_store.block_checksums(m, rec["h5"]) if m else (None, image_store.HASH_BLOCK)
+    manifest `m`, each block checked against its sha256 as it is read. filled
+    (arena_fill.Filled): the arena's files, filled ahead, are handed over instead."""
     c = _client(pid, rec["socket"])
-    r = _ok(c.request(ARENA_ATTACH, timeout=600.0), pid, "re-creating the arena")
+    if filled is not None:
+        try:
+            r = _ok(c.request(ARENA_ATTACH, timeout=600.0, fds=filled.fds), pid, "mapping the arena filled ahead")
+        finally:
+            filled.close()  # the shim holds its own copies now
+        if r.filled:
+            if _placements(r.blobs) != _placements(filled.blobs):
+                raise GpucrError(f"process {pid}: its arena's allocations are not where its image has them",
+                                 "restore from another generation, and report this with the image")
+            return {"bytes": filled.bytes, "attach_s": r.attach_s, "fill_s": filled.fill_s}
+        # a shim that took no descriptors made the arena anew: load it as before
+    else:
+        r = _ok(c.request(ARENA_ATTACH, timeout=600.0), pid, "re-creating the arena")
+    digests, block = image_store.block_checksums(m, rec["h5"]) if m else (None, image_store.HASH_BLOCK)
     try:
         rep = gpu_data.load_process(image_dir / rec["h5"], pid, list(r.blobs),
                                      block_digests=digests, block_bytes=block)
@@ -221,6 +237,10 @@ def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None) -> dict
                          "restore from an intact copy of the image")
     rep["attach_s"] = r.attach_s
     return rep
+
+
+def _placements(blobs) -> set[tuple[int, int, int]]:
+    return {(b.handle, b.size, b.host) for b in blobs}
 
 
 def resume_held(image_dir: Path) -> dict:
@@ -283,11 +303,12 @@ def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> 
 
 def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
                 plan: gpu_remap.Plan | None = None, check: bool = False,
-                data_paths: dict[int, str] | None = None) -> dict:
+                data_paths: dict[int, str] | None = None, fill=None) -> dict:
     """GPU state of a CRIU-restored tree; pid_map: PID at checkpoint -> PID here;
     plan: onto which GPUs (None: the ones it had); check: the .h5 files were not
     verified yet, so each block is checked as it is loaded; data_paths: filled
-    with how each shimmed process's data went back to the GPU, by PID here."""
+    with how each shimmed process's data went back to the GPU, by PID here;
+    fill (arena_fill.ArenaFill): the arenas being filled since before CRIU ran."""
     timings: dict[str, float] = {}
     recs = m.get("gpu_processes") or []
     cuda = [r for r in recs if r["cuda"]]
@@ -311,11 +332,14 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     checked = image_store.gpu_data_files(m) if check else frozenset()
     for r, tg in targets:
         if r["h5"]:
-            rep = _refill(r, tg.pid, image_dir, m if r["h5"] in checked else None)
+            filled = fill.take(image_pid(r)) if fill is not None else None
+            rep = _refill(r, tg.pid, image_dir, m if r["h5"] in checked else None, filled)
             total += rep["bytes"]
             timings["attach_s"] = timings.get("attach_s", 0.0) + rep["attach_s"]
+            if "fill_s" in rep:  # beside CRIU and the driver: the longest of them
+                timings["fill_s"] = max(timings.get("fill_s", 0.0), rep["fill_s"])
     timings["h5_read_s"] = time.monotonic() - started - timings.get("attach_s", 0.0)
-    if total:
+    if total and "fill_s" not in timings:  # filled ahead, h5_read_s is only the wait for it
         timings["h5_read_MBps"] = total / timings["h5_read_s"] / 1e6
     started = time.monotonic()
     for r, tg in targets:

@@ -174,13 +174,16 @@ class ShimClient:
         self.path = path or control_socket(pid, run_dir) or socket_path(pid, run_dir)
         self.timeout = timeout
 
-    def request(self, cmd: str, timeout: float | None = None, **fields) -> protocol.Reply:
+    def request(self, cmd: str, timeout: float | None = None, fds: list[int] | None = None,
+                **fields) -> protocol.Reply:
+        """fds: descriptors sent with the request (SCM_RIGHTS); ours stay open."""
         msg = protocol.request_line(cmd, **fields)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(timeout or self.timeout)
         try:
             s.connect(str(self.path))
-            s.sendall(msg)
+            sent = socket.send_fds(s, [msg], fds) if fds else 0
+            s.sendall(msg[sent:])
             buf = b""
             while not buf.endswith(b"\n"):
                 chunk = s.recv(65536)

@@ -23,7 +23,7 @@ RESTORE = "restore"                # the reverse
 PREFILL = "prefill"                # the copy helper refills the GPU while the driver restores
 STAGING_DROP = "staging_drop"      # free the bounce ring before the driver checkpoint
 ARENA_DETACH = "arena_detach"      # the arena written to an image: let it go
-ARENA_ATTACH = "arena_attach"      # re-make the arena for an image's data
+ARENA_ATTACH = "arena_attach"      # re-make the arena for an image's data (or map its files filled ahead)
 
 
 
@@ -78,6 +78,9 @@ class Reply:
     data_path: str = ""             # how the data moved: helper, bounce or direct
     arena_pinned: bool = False
     attach_s: float = 0.0
+    filled: bool = False            # arena_attach mapped the files filled ahead
+    arena_dir: str = ""             # where the arena's files are made
+    arena_segments: tuple[tuple[int, int], ...] = ()  # (address, size) of each segment
     quiesce_s: float = 0.0          # waiting for GPU work in flight
     data_s: float = 0.0             # moving the data
     prefill: bool = False           # the copy helper took the refill
@@ -99,6 +102,8 @@ class Reply:
             arena_used=int(d.get("arena_used") or 0),
             nbytes=int(d.get("bytes") or 0), data_path=str(d.get("data_path") or ""),
             arena_pinned=bool(d.get("arena_pinned")), attach_s=float(d.get("attach_s") or 0.0),
+            filled=bool(d.get("filled")), arena_dir=str(d.get("arena_dir") or ""),
+            arena_segments=tuple((int(a), int(n)) for a, n in d.get("arena_segments") or ()),
             quiesce_s=float(d.get("quiesce_s") or 0.0), data_s=float(d.get("data_s") or 0.0),
             prefill=bool(d.get("prefill")),
             device_uuids={int(k): str(v) for k, v in (d.get("device_uuids") or {}).items()},

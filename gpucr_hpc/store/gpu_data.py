@@ -22,7 +22,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,12 +174,20 @@ def _create_layout(path: Path, blobs: list[Blob], attrs: dict) -> list[int | Non
 
 def _layout(path: Path) -> dict[int, tuple[int, int | None]]:
     """handle -> (size, file offset) of every dataset of a file written by save_process."""
-    out = {}
+    return {b.handle: (b.size, off) for b, off in placed_blobs(path)}
+
+
+def placed_blobs(path: Path) -> list[tuple[Blob, int | None]]:
+    """Each allocation of a file written by save_process, as the shim placed it in its
+    arena at the checkpoint (`host`), with its dataset's file offset (None: no bytes)."""
+    out = []
     with h5py.File(path, "r") as f:
         for ds in f[GROUP].values():
             size = int(ds.attrs["size"])
-            out[int(ds.attrs["handle"])] = (size, ds.id.get_offset() if size else None)
-    return out
+            blob = Blob(handle=int(ds.attrs["handle"]), va=int(ds.attrs["va"]), size=size,
+                        device=int(ds.attrs["device"]), host=int(ds.attrs["host"]))
+            out.append((blob, ds.id.get_offset() if size else None))
+    return sorted(out, key=lambda p: p[0].handle)
 
 
 class _Iovec(ctypes.Structure):
@@ -220,6 +228,16 @@ def _vm_copy_at(pid: int, base: int, remote: int, n: int, write: bool) -> None:
             raise OSError(err or errno.EIO, f"process_vm_{'writev' if write else 'readv'} of process "
                                             f"{pid} at {remote + done:#x}: {os.strerror(err or errno.EIO)}")
         done += got
+
+
+# Where loaded bytes go: put(our address, arena address, n) writes n bytes from our
+# address to that address of the arena (a process's, or its files filled ahead).
+Put = Callable[[int, int, int], None]
+
+
+def into_process(pid: int) -> Put:
+    """Into process pid's arena, at the addresses the blobs have there."""
+    return lambda ours, host, n: _vm_copy_at(pid, ours, host, n, write=True)
 
 
 def _in_threads(items, workers: int, buf_bytes: int, one) -> int:
@@ -383,7 +401,8 @@ def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None 
     t1 = time.monotonic()
     payload = _payload(blobs, offsets)
     if not hashed:
-        total, size = _mapped(path, pid, payload, write=False)
+        total, size = _mapped(path, payload, lambda ours, host, n: _vm_copy_at(pid, ours, host, n, write=False),
+                              writable=True)
         return {"bytes": total, "allocations": len(blobs), "file_size": size, "checksum": None,
                 "block_bytes": block_bytes, "layout_s": t1 - t0, "copy_s": time.monotonic() - t1, "fsync_s": 0.0}
     fd = os.open(path, os.O_RDWR)
@@ -409,24 +428,25 @@ def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None 
             "block_bytes": block_bytes, "layout_s": t1 - t0, "copy_s": t2 - t1, "fsync_s": t3 - t2}
 
 
-def _mapped(path: Path, pid: int, payload, write: bool) -> tuple[int, int]:
-    """The payload's bytes between the file, mapped, and the process (write: into the
-    process), MEMORY_WORKERS threads each taking COPY_CHUNK pieces; the file's size
-    is fixed already (its layout is made). Returns the bytes moved and the file's size."""
+def _mapped(path: Path, payload, move, writable: bool) -> tuple[int, int]:
+    """The payload's bytes between the file, mapped, and an arena: move(address in the
+    mapping, arena address, n) for each COPY_CHUNK piece, by MEMORY_WORKERS threads;
+    writable: the arena's bytes go into the file, whose size is fixed already (its
+    layout is made). Returns the bytes moved and the file's size."""
     pieces = [(off + k, host + k, min(COPY_CHUNK, size - k))
               for off, size, host in payload for k in range(0, size, COPY_CHUNK)]
-    with open(path, "rb" if write else "r+b") as f:
+    with open(path, "r+b" if writable else "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if not pieces:
             return 0, size
-        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ if write else mmap.ACCESS_WRITE)
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
     view = np.frombuffer(mm, dtype=np.uint8)
     base = view.ctypes.data  # the mapping's address: mm stays open until the copy is done
     del view  # no buffer exported, so that mm can close
 
     def one(_buf, piece) -> int:
         off, addr, n = piece
-        _vm_copy_at(pid, base + off, addr, n, write=write)
+        move(base + off, addr, n)
         return n
 
     try:
@@ -446,22 +466,28 @@ def load_process(path: Path, pid: int, blobs: list[Blob], *, block_digests: list
     once to check it and again to load it; a mismatch is a ValueError, and the
     process, whose arena now holds bad bytes, must not run on. Unchecked, a file in
     node memory is mapped and copied straight into the process (`mapped`)."""
+    return load_arena(path, blobs, into_process(pid), f"process {pid}",
+                      block_digests=block_digests, block_bytes=block_bytes)
+
+
+def load_arena(path: Path, blobs: list[Blob], put: Put, whose: str, *,
+               block_digests: list[str] | None = None, block_bytes: int = 64 << 20) -> dict:
+    """load_process into any arena: `put` writes the bytes there, `whose` names it."""
     layout = _layout(path)
     jobs = []
     for b in blobs:
         if b.handle not in layout:
-            raise ValueError(f"allocation {b.handle:#x} ({b.size} bytes) of process {pid} is not in {path}")
+            raise ValueError(f"allocation {b.handle:#x} ({b.size} bytes) of {whose} is not in {path}")
         size, off = layout[b.handle]
         if size != b.size:
-            raise ValueError(f"allocation {b.handle:#x}: {size} bytes in {path}, the process has {b.size}")
+            raise ValueError(f"allocation {b.handle:#x}: {size} bytes in {path}, {whose} has {b.size}")
         if size:
             jobs.append((off, b.host, size))
     if len(layout) != len(blobs):
-        raise ValueError(f"{path} holds {len(layout)} allocations, process {pid} has {len(blobs)}")
+        raise ValueError(f"{path} holds {len(layout)} allocations, {whose} has {len(blobs)}")
     t0 = time.monotonic()
     if block_digests is None and in_node_memory(path):
-        payload = _payload_of(jobs)
-        total, _ = _mapped(path, pid, payload, write=True)
+        total, _ = _mapped(path, _payload_of(jobs), put, writable=False)
         return {"bytes": total, "allocations": len(blobs), "copy_s": time.monotonic() - t0,
                 "checked": False, "direct": False, "mapped": True}
     fd = os.open(path, os.O_RDONLY)
@@ -469,16 +495,16 @@ def load_process(path: Path, pid: int, blobs: list[Blob], *, block_digests: list
         direct = False
         if block_digests is None:
             total = _copy(jobs, lambda buf, src, n: _pread_all(fd, buf, src, n),
-                          lambda buf, dst, n: _vm_copy(pid, buf, dst, n, write=True))
+                          lambda buf, dst, n: put(buf.ctypes.data, dst, n))
         else:
-            total, direct = _load_checked(fd, path, pid, jobs, block_digests, block_bytes)
+            total, direct = _load_checked(fd, path, put, jobs, block_digests, block_bytes)
     finally:
         os.close(fd)
     return {"bytes": total, "allocations": len(blobs), "copy_s": time.monotonic() - t0,
             "checked": block_digests is not None, "direct": direct}
 
 
-def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block_bytes: int) -> tuple[int, bool]:
+def _load_checked(fd: int, path: Path, put: Put, jobs, digests: list[str], block_bytes: int) -> tuple[int, bool]:
     """load_process with each block of the file hashed as it is read: the file's
     every byte (metadata included) is read, the payload parts go into the process,
     and each block's sha256 must be its digest. Returns the payload bytes and
@@ -505,7 +531,7 @@ def _load_checked(fd: int, path: Path, pid: int, jobs, digests: list[str], block
         read(buf, start, n)
         moved = 0
         for lo, hi, addr in _overlaps(payload, start, start + n):
-            _vm_copy(pid, buf[lo - start:], addr, hi - lo, write=True)
+            put(buf.ctypes.data + lo - start, addr, hi - lo)
             moved += hi - lo
         return moved
 

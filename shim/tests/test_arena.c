@@ -1,7 +1,10 @@
 /* The host arena: placement, growth by one segment, reuse without growth
  * (no leak over repeated checkpoints), no files left behind, registration
  * callback, preallocation, cleanup. */
+#define _GNU_SOURCE
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -128,6 +131,39 @@ int main(void)
     CHECK(gpucr_arena_attach(reg) == 0 && gpucr_arena_segment(seg, &fd, &segsize, &gen2) == 0 && gen2 != gen);
     CHECK(files_in(dir) == 0);
     PASS("arena segments shared with a copy helper");
+
+    /* a restore that filled the segments' files ahead: attach maps them as they
+     * are, at the same addresses, and takes every descriptor */
+    int n = gpucr_arena_segments(), fds[8];
+    CHECK(gpucr_arena_detach(unreg) == 0);
+    for (int i = 0; i < n; i++) {
+        uintptr_t base;
+        size_t size = gpucr_arena_bounds(i, &base);
+        fds[i] = open(dir, O_TMPFILE | O_RDWR, 0600);
+        CHECK(size > 0 && fds[i] >= 0 && ftruncate(fds[i], (off_t)size) == 0);
+        uintptr_t at = (uintptr_t)out[1];
+        if (at >= base && at < base + size) /* where blob 1 lies */
+            CHECK(pwrite(fds[i], "filled", 6, (off_t)(at - base)) == 6);
+    }
+    int few[1] = {dup(fds[0])};
+    CHECK(gpucr_arena_attach_files(reg, few, 1) == -1 && errno == EINVAL && gpucr_arena_detached() == n);
+    CHECK(fcntl(few[0], F_GETFD) == -1); /* taken, even when refused */
+    int wrong = open(dir, O_TMPFILE | O_RDWR, 0600), saved = fds[n - 1];
+    CHECK(wrong >= 0 && ftruncate(wrong, 4096) == 0);
+    fds[n - 1] = wrong;
+    int copy[8];
+    for (int i = 0; i < n - 1; i++)
+        copy[i] = dup(fds[i]);
+    copy[n - 1] = wrong;
+    CHECK(gpucr_arena_attach_files(reg, copy, n) == -1 && errno == EINVAL && gpucr_arena_detached() == n);
+    fds[n - 1] = saved;
+    reg_before = registered;
+    CHECK(gpucr_arena_attach_files(reg, fds, n) == 0);
+    CHECK(gpucr_arena_detached() == 0 && registered == reg_before + n && files_in(dir) == 0);
+    CHECK(memcmp(out[1], "filled", 6) == 0);
+    CHECK(gpucr_arena_locate(out[1], &seg, &off) == 0 && gpucr_arena_segment(seg, &fd, &segsize, &gen2) == 0);
+    CHECK(fd == fds[seg]); /* kept for the copy helper */
+    PASS("arena attach of files filled ahead");
 
     int unreg_now = unregistered;
     gpucr_arena_destroy(unreg);
