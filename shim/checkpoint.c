@@ -674,7 +674,7 @@ void gpucr_cmd_arena_detach(struct jbuf *out)
     jb_u64(out, "arena_bytes", gpucr_arena_capacity());
     /* what a restore needs to fill the segments' files ahead (arena_attach) */
     jb_str(out, "arena_dir", gpucr_arena_dir());
-    jb_key_arr(out, "arena_segments");
+    jb_key_arr(out, "segment_ranges");
     for (int i = 0; i < gpucr_arena_segments(); i++) {
         uintptr_t base = 0;
         size_t size = gpucr_arena_bounds(i, &base);

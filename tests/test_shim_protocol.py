@@ -46,8 +46,15 @@ def test_a_refusal_is_a_reply_with_its_error_and_reason(client, cmd):
     assert not r.ok and r.error and r.reason
 
 
-def _open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+def _files_open_in(pid: int, folder) -> int:
+    """How many descriptors of the process lead to files in folder."""
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile
+    return sum(link.startswith(str(folder)) for link in links)
 
 
 def test_descriptors_sent_with_a_request_are_closed_when_it_does_not_take_them(client, tmp_path):
@@ -57,13 +64,12 @@ def test_descriptors_sent_with_a_request_are_closed_when_it_does_not_take_them(c
     pid, c = client
     files = [os.open(tmp_path, os.O_TMPFILE | os.O_RDWR, 0o600) for _ in range(3)]
     try:
-        before = _open_fds(pid)
         for cmd in (protocol.ARENA_ATTACH, protocol.STATUS):
             r = c.request(cmd, fds=files)
             assert r.ok == (cmd == protocol.STATUS) and not r.filled
-            assert _open_fds(pid) == before, cmd
+            assert _files_open_in(pid, tmp_path) == 0, cmd
         c.checkpoint(1000)  # checkpointed, without GPU data: still nothing to attach
-        assert not c.request(protocol.ARENA_ATTACH, fds=files).ok and _open_fds(pid) == before
+        assert not c.request(protocol.ARENA_ATTACH, fds=files).ok and _files_open_in(pid, tmp_path) == 0
     finally:
         for fd in files:
             os.close(fd)
@@ -89,6 +95,18 @@ def test_blobs_and_device_uuids_parse_in_order():
     assert r.blobs[1] == protocol.Blob(handle=10, va=4096, size=32, device=1, host=8192)
     assert dict(r.device_uuids) == {0: "GPU-a", 1: "GPU-b"} and r.nbytes == 48
     assert r.report == {"quiesce_s": 0.5, "data_path": "bounce"} and r.quiesce_s == 0.5
+
+
+def test_arena_answers_parse_as_the_shim_writes_them():
+    """status counts the arena's segments; arena_detach gives their ranges, which a
+    restore fills ahead; arena_attach says whether it mapped files filled ahead."""
+    st = protocol.Reply.parse({"ok": True, "state": "checkpointed", "arena_segments": 2, "arena_dir": "/dev/shm",
+                               "arena_bytes": 3 << 21})
+    assert st.ok and st.arena_bytes == 3 << 21 and st.arena_dir == "/dev/shm" and st.segment_ranges == ()
+    d = protocol.Reply.parse({"ok": True, "segments": 2, "arena_bytes": 3 << 21, "arena_dir": "/dev/shm",
+                              "segment_ranges": [[1 << 40, 1 << 21], [(1 << 40) + (4 << 21), 2 << 21]]})
+    assert d.segment_ranges == ((1 << 40, 1 << 21), ((1 << 40) + (4 << 21), 2 << 21))
+    assert protocol.Reply.parse({"ok": True, "filled": True, "attach_s": 0.01}).filled
 
 
 def test_copy_helper_requests_parse_as_the_shim_writes_them():

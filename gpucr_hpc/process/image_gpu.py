@@ -125,9 +125,9 @@ class GpuCheckpoint:
                             "detaching the arena")
                     self._detached.append(rec)
                     rec["arena_bytes"] = r.arena_bytes
-                    if r.arena_segments:  # for a restore that fills them ahead (arena_fill)
+                    if r.segment_ranges:  # for a restore that fills them ahead (arena_fill)
                         rec["arena_dir"] = r.arena_dir
-                        rec["arena_segments"] = [list(seg) for seg in r.arena_segments]
+                        rec["arena_segments"] = [list(seg) for seg in r.segment_ranges]
             self.timings["detach_s"] = time.monotonic() - t
             if not early:
                 self._control(t0)

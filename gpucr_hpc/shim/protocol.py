@@ -80,7 +80,7 @@ class Reply:
     attach_s: float = 0.0
     filled: bool = False            # arena_attach mapped the files filled ahead
     arena_dir: str = ""             # where the arena's files are made
-    arena_segments: tuple[tuple[int, int], ...] = ()  # (address, size) of each segment
+    segment_ranges: tuple[tuple[int, int], ...] = ()  # (address, size) of each arena segment
     quiesce_s: float = 0.0          # waiting for GPU work in flight
     data_s: float = 0.0             # moving the data
     prefill: bool = False           # the copy helper took the refill
@@ -103,7 +103,7 @@ class Reply:
             nbytes=int(d.get("bytes") or 0), data_path=str(d.get("data_path") or ""),
             arena_pinned=bool(d.get("arena_pinned")), attach_s=float(d.get("attach_s") or 0.0),
             filled=bool(d.get("filled")), arena_dir=str(d.get("arena_dir") or ""),
-            arena_segments=tuple((int(a), int(n)) for a, n in d.get("arena_segments") or ()),
+            segment_ranges=tuple((int(a), int(n)) for a, n in d.get("segment_ranges") or ()),
             quiesce_s=float(d.get("quiesce_s") or 0.0), data_s=float(d.get("data_s") or 0.0),
             prefill=bool(d.get("prefill")),
             device_uuids={int(k): str(v) for k, v in (d.get("device_uuids") or {}).items()},
