@@ -44,6 +44,9 @@ from gpucr_hpc.store import gpu_data
 MADV_POPULATE_WRITE = 23  # Linux 5.14: faults the pages in, or says why not (no SIGBUS later)
 FAULT_SLICE = 1 << 30     # what one thread faults in at a time
 FAULT_WORKERS = 8
+# CPUs a fill leaves to CRIU and the driver beside it: with every CPU copying, the
+# driver's restore of a 17 GiB job took 1.04 s instead of 0.55 s on the H100 machine.
+SPARE_CPUS = 4
 NUMA_ONLINE = Path("/sys/devices/system/node/online")
 
 
@@ -150,8 +153,10 @@ def fill(h5: Path, segments: list[tuple[int, int]], directory: str, cancelled: t
                 raise ValueError(f"allocation bytes at {host:#x} lie outside the arena's segments")
             ctypes.memmove(addrs[i] + host - bases[i], ours, n)
 
+        cpus = len(os.sched_getaffinity(0))
         rep = gpu_data.load_arena(h5, blobs, put, "the arena filled ahead", block_digests=digests,
-                                  block_bytes=block_bytes)
+                                  block_bytes=block_bytes,
+                                  workers=min(gpu_data.MEMORY_WORKERS, max(2, cpus - SPARE_CPUS)))
     except BaseException:
         for fd in fds:
             os.close(fd)

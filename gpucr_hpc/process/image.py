@@ -367,32 +367,32 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
     proc = m.get("process") or {}
     if m.get("kind") != "process" or "root_pid" not in proc:
         raise GpucrError(f"image {img.path} is not a process image", "give restore --from a checkpoint --to directory")
-    here = gpu_inventory.node_gpus() if m.get("vendor") or m.get("gpu_processes") else []
-    check_node(m, node_gpus(here))
-    plan = None
-    if m.get("gpu_processes"):
-        from gpucr_hpc.process import image_gpu
-
-        plan = image_gpu.plan_restore(m, gpus, here=here)  # and whether the GPUs it goes onto have room
-    elif gpus:
-        raise GpucrError(f"image {img.path} holds no GPU state, so --gpu has nothing to place",
-                         "restore it without --gpu")
-    rewinds = check_open_files(m, rewind=rewind_files)
-    clash = _pids_in_use(proc.get("pids", []))
-    if pidns == "host" and clash:
-        raise GpucrError(f"PID namespace clash: PID {clash[0]} of the image is in use here "
-                         f"({' '.join(_cmdline(clash[0]))[:60] or 'unknown'})",
-                         "restore with --pidns new, or end the process that holds it")
-    new_ns = pidns == "new" or (pidns == "auto" and bool(clash))
-    kept = _rewind(rewinds) if rewinds else []
-    work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
-    timings["checks_s"] = time.monotonic() - t0
     fill = None
-    if m.get("gpu_processes"):  # the arenas fill while CRIU and the driver restore the rest
+    if m.get("gpu_processes"):  # the arenas fill while the checks, CRIU and the driver run
         from gpucr_hpc.process import arena_fill
 
         fill = arena_fill.ArenaFill(m, img.path, check=not checksums_verified)
     try:
+        here = gpu_inventory.node_gpus() if m.get("vendor") or m.get("gpu_processes") else []
+        check_node(m, node_gpus(here))
+        plan = None
+        if m.get("gpu_processes"):
+            from gpucr_hpc.process import image_gpu
+
+            plan = image_gpu.plan_restore(m, gpus, here=here)  # and whether the GPUs it goes onto have room
+        elif gpus:
+            raise GpucrError(f"image {img.path} holds no GPU state, so --gpu has nothing to place",
+                             "restore it without --gpu")
+        rewinds = check_open_files(m, rewind=rewind_files)
+        clash = _pids_in_use(proc.get("pids", []))
+        if pidns == "host" and clash:
+            raise GpucrError(f"PID namespace clash: PID {clash[0]} of the image is in use here "
+                             f"({' '.join(_cmdline(clash[0]))[:60] or 'unknown'})",
+                             "restore with --pidns new, or end the process that holds it")
+        new_ns = pidns == "new" or (pidns == "auto" and bool(clash))
+        kept = _rewind(rewinds) if rewinds else []
+        work = Path(tempfile.mkdtemp(prefix="gpucr-restore-"))
+        timings["checks_s"] = time.monotonic() - t0
         t = time.monotonic()
         restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
                                       new_pidns=new_ns, inherit=inherit, tied=tied and new_ns,

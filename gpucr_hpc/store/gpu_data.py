@@ -428,7 +428,7 @@ def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None 
             "block_bytes": block_bytes, "layout_s": t1 - t0, "copy_s": t2 - t1, "fsync_s": t3 - t2}
 
 
-def _mapped(path: Path, payload, move, writable: bool) -> tuple[int, int]:
+def _mapped(path: Path, payload, move, writable: bool, workers: int = MEMORY_WORKERS) -> tuple[int, int]:
     """The payload's bytes between the file, mapped, and an arena: move(address in the
     mapping, arena address, n) for each COPY_CHUNK piece, by MEMORY_WORKERS threads;
     writable: the arena's bytes go into the file, whose size is fixed already (its
@@ -450,7 +450,7 @@ def _mapped(path: Path, payload, move, writable: bool) -> tuple[int, int]:
         return n
 
     try:
-        return _in_threads(pieces, MEMORY_WORKERS, 0, one), size
+        return _in_threads(pieces, workers, 0, one), size
     finally:
         mm.close()
 
@@ -471,8 +471,10 @@ def load_process(path: Path, pid: int, blobs: list[Blob], *, block_digests: list
 
 
 def load_arena(path: Path, blobs: list[Blob], put: Put, whose: str, *,
-               block_digests: list[str] | None = None, block_bytes: int = 64 << 20) -> dict:
-    """load_process into any arena: `put` writes the bytes there, `whose` names it."""
+               block_digests: list[str] | None = None, block_bytes: int = 64 << 20,
+               workers: int = MEMORY_WORKERS) -> dict:
+    """load_process into any arena: `put` writes the bytes there, `whose` names it;
+    workers: threads of a copy from node memory."""
     layout = _layout(path)
     jobs = []
     for b in blobs:
@@ -487,7 +489,7 @@ def load_arena(path: Path, blobs: list[Blob], put: Put, whose: str, *,
         raise ValueError(f"{path} holds {len(layout)} allocations, {whose} has {len(blobs)}")
     t0 = time.monotonic()
     if block_digests is None and in_node_memory(path):
-        total, _ = _mapped(path, _payload_of(jobs), put, writable=False)
+        total, _ = _mapped(path, _payload_of(jobs), put, writable=False, workers=workers)
         return {"bytes": total, "allocations": len(blobs), "copy_s": time.monotonic() - t0,
                 "checked": False, "direct": False, "mapped": True}
     fd = os.open(path, os.O_RDONLY)
