@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import ExitStack
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import batch_restore, drain, events, generations, staging, unit_source
 from gpucr_hpc.slurm.site import load_site
@@ -63,7 +65,36 @@ def test_the_budget_takes_units_until_the_cap(site):
     half = st.f_blocks * st.f_frsize // 2
     assert budget.left <= half
     assert budget.take(1 << 20)
-    assert not budget.take(budget.left)  # with the margin, more than is left
+    left = budget.left
+    assert not budget.take(left + 1) and budget.take(left) and budget.left == 0
+
+
+HOLDS = r"""
+import mmap, os, sys
+shm = open(sys.argv[1], "w+b"); shm.truncate(64 << 20)
+shared = mmap.mmap(shm.fileno(), 64 << 20); shared.write(b"s" * (64 << 20))
+anon = bytearray(b"a" * (32 << 20))  # private (an anonymous mmap is shared memory)
+print("ready", flush=True); sys.stdin.readline()
+"""
+
+
+def test_an_image_is_estimated_from_shared_and_anonymous_memory_not_libraries(tmp_path):
+    """A process with 64 MiB of /dev/shm (like an arena) and 32 MiB of its own memory:
+    its image is counted as the shared bytes plus the anonymous ones with the margin,
+    not as its whole resident memory (which holds its libraries' pages too)."""
+    shm = Path(tempfile.mkdtemp(prefix="gpucr-test-", dir="/dev/shm"))
+    p = subprocess.Popen([sys.executable, "-c", HOLDS, str(shm / "seg")], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        est = staging.image_bytes([p.pid])
+        assert 64 << 20 <= est - int((32 << 20) * staging.MARGIN) < (64 << 20) + (24 << 20)  # + the interpreter's own
+        assert est < criu_mod.rss_bytes([p.pid]) * staging.MARGIN
+        assert staging.image_bytes([p.pid, 999_999_999]) == est  # a process gone counts nothing
+    finally:
+        p.kill()
+        p.wait()
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 def unit_image(path: Path, mib: int = 2) -> None:

@@ -211,7 +211,7 @@ def stage_units(job: dict, gen_dir: Path, units: list[Unit], trees: dict[str, li
     the generation's folder there; the others go straight to the image root.
     trees: each unit's processes."""
     budget = staging.Budget(load_site(), str(job["id"]))
-    chosen = [u for u in sorted(units, key=lambda u: u.name) if budget.take(criu_mod.rss_bytes(trees[u.name]))]
+    chosen = [u for u in sorted(units, key=lambda u: u.name) if budget.take(staging.image_bytes(trees[u.name]))]
     if not chosen or budget.dir is None:
         return {}
     folder = budget.dir / gen_dir.name
