@@ -496,6 +496,19 @@ int gpucr_arena_detach(gpucr_register_fn unreg)
     return rc;
 }
 
+/* With the driver, when the arena is pinned: 0, or -1 with errno EIO. */
+static int register_segment(struct seg *s, gpucr_register_fn reg)
+{
+    if (!reg)
+        return 0;
+    if (reg(s->base, s->size) != 0) {
+        errno = EIO;
+        return -1;
+    }
+    s->registered = 1;
+    return 0;
+}
+
 int gpucr_arena_attach(gpucr_register_fn reg)
 {
     int rc = 0;
@@ -512,14 +525,8 @@ int gpucr_arena_attach(gpucr_register_fn reg)
             break;
         }
         s->detached = 0;
-        if (reg) {
-            if (reg(s->base, s->size) != 0) {
-                errno = EIO;
-                rc = -1;
-                break;
-            }
-            s->registered = 1;
-        }
+        if ((rc = register_segment(s, reg)) != 0)
+            break;
     }
     setup_s += gpucr_now() - t0;
     pthread_mutex_unlock(&mu);
@@ -572,14 +579,8 @@ int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n)
             s->fd = fds[k - 1];
             s->gen = seq;
         }
-        if (reg) {
-            if (reg(s->base, s->size) != 0) {
-                errno = EIO;
-                rc = -1;
-                break;
-            }
-            s->registered = 1;
-        }
+        if ((rc = register_segment(s, reg)) != 0)
+            break;
     }
     for (int j = 0; j < n; j++) { /* the ones not kept */
         int kept = 0;

@@ -56,11 +56,7 @@ static ssize_t recv_with_fds(int fd, char *buf, size_t len)
     } ctl;
     struct iovec iov = {buf, len};
     struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctl.b;
-    msg.msg_controllen = sizeof ctl.b;
+    gpucr_msghdr(&msg, &iov, ctl.b, sizeof ctl.b);
     ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0)
         return n;
@@ -84,6 +80,15 @@ static ssize_t recv_with_fds(int fd, char *buf, size_t len)
 }
 
 const char *gpucr_control_path(void) { return path; }
+
+void gpucr_msghdr(struct msghdr *m, struct iovec *iov, void *ctl, size_t ctl_len)
+{
+    memset(m, 0, sizeof *m);
+    m->msg_iov = iov;
+    m->msg_iovlen = 1;
+    m->msg_control = ctl;
+    m->msg_controllen = ctl_len;
+}
 
 int gpucr_run_dir(char *out, size_t len)
 {
@@ -204,11 +209,7 @@ static void send_fd(int fd, const char *buf)
     memset(&ctl, 0, sizeof ctl);
     struct iovec iov = {(void *)buf, 1};
     struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctl.b;
-    msg.msg_controllen = sizeof ctl.b;
+    gpucr_msghdr(&msg, &iov, ctl.b, sizeof ctl.b);
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;

@@ -239,6 +239,10 @@ void gpucr_cmd_arena_attach(struct jbuf *out);
 /* The descriptors that came with the request being answered (SCM_RIGHTS), taken
  * by the caller: their number, or -1 when more came than `max` or than fit. */
 int gpucr_control_take_fds(int *out, int max);
+struct msghdr;
+struct iovec;
+/* m: one buffer (iov) and room for descriptors (ctl), for sendmsg/recvmsg. */
+void gpucr_msghdr(struct msghdr *m, struct iovec *iov, void *ctl, size_t ctl_len);
 /* Ahead of the driver restore: the copy helper starts re-making and filling the
  * GPU memory meanwhile (helper.c). No CUDA call: the driver holds the process. */
 void gpucr_cmd_prefill(struct jbuf *out);

@@ -189,11 +189,7 @@ static int fetch_fd(int32_t pid, uint32_t id)
             } ctl;
             struct iovec iov = {buf + have, sizeof buf - 1 - have};
             struct msghdr msg;
-            memset(&msg, 0, sizeof msg);
-            msg.msg_iov = &iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = ctl.b;
-            msg.msg_controllen = sizeof ctl.b;
+            gpucr_msghdr(&msg, &iov, ctl.b, sizeof ctl.b);
             ssize_t got = recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
             if (got < 0 && errno == EINTR)
                 continue;
