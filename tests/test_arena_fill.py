@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from test_migrate_gpu import _holder
 
+from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.mounts import in_node_memory
-from gpucr_hpc.process import arena_fill
+from gpucr_hpc.process import arena_fill, image_gpu
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
 
@@ -143,6 +144,24 @@ def test_a_fill_runs_beside_the_restore_and_says_why_where_it_cannot(saved, node
     fill = arena_fill.ArenaFill(_manifest(blobs, staged, node_memory), staged.parent, check=False)
     assert fill.take(7) is None and "NUMA" in fill.skipped[7]
     fill.close()
+
+
+def test_a_bad_block_found_by_the_fill_fails_the_restore_in_one_line(saved, node_memory, tmp_path):
+    """What the restore says of a fill's data error: the load's one line, with its fix."""
+    blobs, _, on_disk, digests, _ = saved
+    bad = bytearray(on_disk.read_bytes())
+    bad[len(bad) // 2] ^= 0x10
+    corrupt = tmp_path / "image" / on_disk.name
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(bytes(bad))
+    m = _manifest(blobs, corrupt, node_memory, digests)
+    fill = arena_fill.ArenaFill(m, corrupt.parent, check=True)
+    try:
+        with pytest.raises(GpucrError, match="checksum mismatch") as e:
+            image_gpu.taken(fill, m["gpu_processes"][0], corrupt.parent)
+        assert "intact copy" in e.value.fix
+    finally:
+        fill.close()
 
 
 def test_a_fill_without_room_gives_way_to_the_shims_own_arena(saved, tmp_path):

@@ -239,6 +239,16 @@ def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None, filled=
     return rep
 
 
+def taken(fill, rec: dict, image_dir: Path):
+    """The process's arena as `fill` (arena_fill.ArenaFill) filled it, or None; a data
+    error is said as the load it replaces says it."""
+    try:
+        return fill.take(image_pid(rec))
+    except (OSError, ValueError) as e:
+        raise GpucrError(f"loading the GPU data of process {image_pid(rec)} from {image_dir / rec['h5']} "
+                         f"failed: {e}", "restore from an intact copy of the image") from e
+
+
 def _placements(blobs) -> set[tuple[int, int, int]]:
     return {(b.handle, b.size, b.host) for b in blobs}
 
@@ -332,7 +342,7 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     checked = image_store.gpu_data_files(m) if check else frozenset()
     for r, tg in targets:
         if r["h5"]:
-            filled = fill.take(image_pid(r)) if fill is not None else None
+            filled = taken(fill, r, image_dir) if fill is not None else None
             rep = _refill(r, tg.pid, image_dir, m if r["h5"] in checked else None, filled)
             total += rep["bytes"]
             timings["attach_s"] = timings.get("attach_s", 0.0) + rep["attach_s"]
