@@ -384,7 +384,8 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
             raise GpucrError(f"image {img.path} holds no GPU state, so --gpu has nothing to place",
                              "restore it without --gpu")
         rewinds = check_open_files(m, rewind=rewind_files)
-        clash = _pids_in_use(proc.get("pids", []))
+        # in a new PID namespace the image's PIDs are free whatever holds them here
+        clash = _pids_in_use(proc.get("pids", [])) if pidns != "new" else []
         if pidns == "host" and clash:
             raise GpucrError(f"PID namespace clash: PID {clash[0]} of the image is in use here "
                              f"({' '.join(_cmdline(clash[0]))[:60] or 'unknown'})",
