@@ -20,6 +20,7 @@ import pytest
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import batch_restore, drain, events, generations, staging, unit_source
+from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.slurm.site import load_site
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
@@ -331,10 +332,27 @@ def test_a_generation_still_being_written_is_left_to_its_own_drain(site):
     writing = gen.parent / "gen-2"  # the job, back on n1, preempted again: its agents write gen-2 now
     writing.mkdir(mode=0o700)
     unit_image(staging.job_stage(site, "20", "n1") / "gen-2" / "rank-0.0")
-    assert drain.drain_job("20") == []
+    with job_lock.held(gen.parent, "20", os.geteuid(), what="gpucr-hpc preempt 20"):  # that checkpoint's
+        assert drain.drain_job("20") == []
     assert (gen / mf.COMMITTED).exists()
     assert (staging.job_stage(site, "20", "n1") / "gen-2" / "rank-0.0" / mf.MANIFEST).exists(), \
         "a generation a checkpoint still writes is not the drain's"
+
+
+def test_a_generation_whose_checkpoint_is_gone_loses_its_staged_copies(site):
+    """A checkpoint killed mid-way (its agent crashed, the command killed) leaves gen-2
+    on the image root with no verdict and its units in node memory; nobody holds the
+    job's lock. The drain gives that memory back and says so; gen-1 stays the one
+    restored."""
+    gen = job_generation(site, "22", 1, {"rank-0.0": "n1"})
+    (gen.parent / "gen-2").mkdir(mode=0o700)
+    left = staging.job_stage(site, "22", "n1") / "gen-2"
+    unit_image(left / "rank-0.0")
+    assert drain.drain_job("22") == []
+    assert not left.exists() and (gen / mf.COMMITTED).exists()
+    assert generations.read_pointer(gen.parent, generations.LATEST) == gen
+    said = (gen.parent / batch_restore.LOG_NAME).read_text()
+    assert "gen-2 was left unfinished on n1" in said
 
 
 def test_two_drains_of_one_job_on_a_node_take_turns(site):

@@ -11,7 +11,8 @@ checksums, durable), this node's drained/ mark is written, and the node that
 drains last commits the generation (generations.finish_drain). A restore of the job on this node
 reads the staged copies meanwhile (job/unit_source.py); they go once it is done.
 The drains of one job on a node take turns, and a generation a checkpoint is
-still writing (the job back here and preempted again) is left to its own.
+still writing (the job back here and preempted again) is left to its own; one
+whose checkpoint is gone (nobody holds the job's lock) loses its staged copies.
 
 A drain that fails (a full or missing image root, a damaged staged file): the
 generation gets DRAIN_FAILED with the reason, LATEST goes back to the previous
@@ -32,6 +33,7 @@ from pathlib import Path
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import batch_restore, events, generations, staging
+from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import drain as store_drain
 from gpucr_hpc.store import manifest as mf
@@ -96,7 +98,7 @@ def drain_job(jobid: str) -> list[str]:
     uid = job_dir.stat().st_uid
     batch_restore.open_log(job_dir)
     with staging.held(root, exclusive=True):  # one drain of the job at a time on a node
-        errors = _drain_staged(root, job_dir, uid, node)
+        errors = _drain_staged(root, job_dir, uid, node, jobid)
     try:
         os.rmdir(root)
     except OSError:
@@ -111,12 +113,27 @@ def in_flight(gen_dir: Path) -> bool:
         generations.STAGED, mf.COMMITTED, generations.DRAIN_FAILED))
 
 
-def _drain_staged(root: Path, job_dir: Path, uid: int, node: str) -> list[str]:
+def abandoned(job_dir: Path, jobid: str, uid: int) -> bool:
+    """Whether an in-flight generation's checkpoint is gone (killed, its node agent
+    crashed): every checkpoint holds the job's lock until it is done, so nobody
+    holds it now. Held by anything, it is left for a later drain."""
+    try:
+        with job_lock.held(job_dir, jobid, uid, what="gpucr-hpc drain (clearing a checkpoint that is gone)"):
+            return True
+    except GpucrError:
+        return False
+
+
+def _drain_staged(root: Path, job_dir: Path, uid: int, node: str, jobid: str) -> list[str]:
     errors = []
     for staged in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: generations.number(p.name)):
         gen_dir = job_dir / staged.name
         if in_flight(gen_dir):
-            continue  # the job, back on this node, is being preempted again: its own drain follows
+            if abandoned(job_dir, jobid, uid):  # never a restore point: its memory is the next job's
+                batch_restore.log(f"gpucr: {gen_dir.name} was left unfinished on {node} by a checkpoint "
+                                  f"that is gone; its copies in node memory are removed")
+                give_back(staged)
+            continue  # else the job, back on this node, is being preempted again: its own drain follows
         try:
             if not generations.is_staged(gen_dir):
                 continue  # committed by another node's drain already, failed, or aborted: stale
