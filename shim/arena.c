@@ -542,7 +542,7 @@ int gpucr_arena_attach(gpucr_register_fn reg)
  * they do not match the detached segments one for one. */
 int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n)
 {
-    int rc = 0, k = 0;
+    int rc = 0, k = 0, kept = 0; /* fds[0..kept) went to segments */
     gpucr_numa_reset(NULL);
     pthread_mutex_lock(&grow_mu);
     pthread_mutex_lock(&mu);
@@ -576,21 +576,17 @@ int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n)
         s->path[0] = 0;
         seq++;
         if (keep_fds) {
-            s->fd = fds[k - 1];
+            s->fd = fd;
             s->gen = seq;
+            kept++;
         }
         if ((rc = register_segment(s, reg)) != 0)
             break;
     }
-    for (int j = 0; j < n; j++) { /* the ones not kept */
-        int kept = 0;
-        for (int i = 0; i < nsegs && !kept; i++)
-            kept = segs[i].fd == fds[j];
-        if (!kept) {
-            int e = errno;
-            close(fds[j]);
-            errno = e;
-        }
+    for (int j = kept; j < n; j++) { /* taken in order: the rest is closed */
+        int e = errno;
+        close(fds[j]);
+        errno = e;
     }
     setup_s += gpucr_now() - t0;
     pthread_mutex_unlock(&mu);

@@ -77,9 +77,8 @@ def one_numa_node() -> bool:
 
 
 def usable(rec: dict) -> str | None:
-    """Why the arena of this image record cannot be filled ahead here; None: it can."""
-    if not rec.get("h5"):
-        return "no GPU data"
+    """Why the arena of this image record (one with GPU data) cannot be filled ahead
+    here; None: it can."""
     if not rec.get("arena_segments") or not rec.get("arena_dir"):
         return "the image does not record its arena's segments"
     if not os.path.isdir(rec["arena_dir"]):
@@ -178,10 +177,12 @@ class ArenaFill:
         checked = image_store.gpu_data_files(m) if check else frozenset()
         wanted = []
         for rec in m.get("gpu_processes") or []:
-            why = usable(rec) if rec.get("h5") else None
+            if not rec.get("h5"):
+                continue  # no GPU data: no arena to fill
+            why = usable(rec)
             if why:
                 self.skipped[image_pid(rec)] = why
-            elif rec.get("h5"):
+            else:
                 wanted.append(rec)
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(wanted)), thread_name_prefix="gpucr-fill")
         for rec in wanted:

@@ -267,11 +267,10 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
 
 # -- restore --------------------------------------------------------------------
 
-def check_node(m: dict, node: dict | None = None) -> None:
-    """The image's GPU vendor and model must be on this node."""
+def check_node(m: dict, node: dict | None) -> None:
+    """The image's GPU vendor and model must be on this node (node: node_gpus())."""
     if not m.get("vendor"):
         return
-    node = node_gpus() if node is None else node
     want = f"{m['vendor']} {(m.get('gpu') or {}).get('model') or ''}".strip()
     if not node:
         raise GpucrError(f"image needs a {want} GPU, this node ({socket.gethostname()}) has none",

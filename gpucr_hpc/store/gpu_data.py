@@ -430,7 +430,7 @@ def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None 
 
 def _mapped(path: Path, payload, move, writable: bool, workers: int = MEMORY_WORKERS) -> tuple[int, int]:
     """The payload's bytes between the file, mapped, and an arena: move(address in the
-    mapping, arena address, n) for each COPY_CHUNK piece, by MEMORY_WORKERS threads;
+    mapping, arena address, n) for each COPY_CHUNK piece, by `workers` threads;
     writable: the arena's bytes go into the file, whose size is fixed already (its
     layout is made). Returns the bytes moved and the file's size."""
     pieces = [(off + k, host + k, min(COPY_CHUNK, size - k))
