@@ -188,3 +188,22 @@ def test_close_ends_fills_nobody_took(saved, node_memory):
     fill = arena_fill.ArenaFill(_manifest(blobs, staged, node_memory), staged.parent, check=False)
     fill.close()
     assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+def test_the_files_come_in_the_shims_order_of_segments_not_by_address(saved, node_memory):
+    """The shim maps the k-th file to its k-th segment; its segments need not rise in
+    address (mmap places new ones lower): a fill that sorted them handed the shim
+    its files swapped."""
+    blobs, staged, _, _, want = saved
+    own = sorted({(b.host // 4096 * 4096, -(-(b.host + b.size) // 4096) * 4096 - b.host // 4096 * 4096)
+                  for b in blobs}, reverse=True)  # one segment per buffer, highest address first
+    assert len(own) == 2
+    arena_dir = node_memory / "arena"
+    arena_dir.mkdir()
+    filled = arena_fill.fill(staged, own, str(arena_dir), threading.Event())
+    try:
+        assert [os.fstat(fd).st_size for fd in filled.fds] == [n for _, n in own]
+        for b in blobs:
+            assert _bytes_at(filled, own, b) == want[b.handle]
+    finally:
+        filled.close()

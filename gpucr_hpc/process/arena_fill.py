@@ -126,11 +126,14 @@ def _fault_in(addrs: list[int], sizes: list[int]) -> None:
 def fill(h5: Path, segments: list[tuple[int, int]], directory: str, cancelled: threading.Event,
          digests: list[str] | None = None, block_bytes: int = image_store.HASH_BLOCK) -> Filled:
     """One process's arena: a file per segment (address, size), the .h5 file's
-    allocations copied in at their checkpoint placements."""
+    allocations copied in at their checkpoint placements. The descriptors come in
+    the order of `segments`, the shim's (arena_attach maps the k-th to its k-th
+    segment), which need not be the order of their addresses."""
     t0 = time.monotonic()
     blobs = [b for b, _ in gpu_data.placed_blobs(h5)]
-    segments = sorted(segments)
-    bases, sizes = [a for a, _ in segments], [n for _, n in segments]
+    sizes = [n for _, n in segments]
+    by_address = sorted(range(len(segments)), key=lambda k: segments[k][0])
+    bases = [segments[k][0] for k in by_address]
     fds: list[int] = []
     maps: list[mmap.mmap] = []
     try:
@@ -147,10 +150,11 @@ def fill(h5: Path, segments: list[tuple[int, int]], directory: str, cancelled: t
         def put(ours: int, host: int, n: int) -> None:
             if cancelled.is_set():
                 raise Unavailable("the restore ended before the arena was filled")
-            i = bisect.bisect_right(bases, host) - 1
-            if i < 0 or host + n > bases[i] + sizes[i]:
+            j = bisect.bisect_right(bases, host) - 1
+            i = by_address[j] if j >= 0 else -1
+            if i < 0 or host + n > bases[j] + sizes[i]:
                 raise ValueError(f"allocation bytes at {host:#x} lie outside the arena's segments")
-            ctypes.memmove(addrs[i] + host - bases[i], ours, n)
+            ctypes.memmove(addrs[i] + host - bases[j], ours, n)
 
         cpus = len(os.sched_getaffinity(0))
         rep = gpu_data.load_arena(h5, blobs, put, "the arena filled ahead", block_digests=digests,
