@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from job_helpers import gpucr, plugstack_args, wait_for
+from job_helpers import drain_cli, gpucr, node_memory_stage, plugstack_args, wait_for
 from user_helpers import as_user, gpucr_as, owned_dir
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slurm, pytest.mark.criu]
@@ -353,9 +353,24 @@ def test_gpu_job_preempted_by_urgent_job(slurm_cluster, workdir, reference):
     assert "urgent done" in (workdir / "urgent.out").read_text()
 
 
-def test_gpu_job_through_three_preemptions_bit_identical(slurm_cluster, workdir, reference):
+@pytest.mark.parametrize("tier", ["direct", "staged"])
+def test_gpu_job_through_three_preemptions_bit_identical(slurm_cluster, workdir, reference, tier):
     """A restored GPU job is a job like any other: checkpointed in place, preempted and
-    restored again, three times; every step once and the output bit-identical."""
+    restored again, three times; every step once and the output bit-identical.
+    staged: each preemption leaves the arena's own files in node memory and the job,
+    back on its node before the (late) drain, maps them as its arena; the checkpoint
+    in place and the next preemption must not write into them while the drain reads."""
+    if tier == "direct":
+        three_preemptions(slurm_cluster, workdir, reference, "three_preemptions")
+        return
+    late = drain_cli(slurm_cluster, "late-drain-gpu", "sleep 20")
+    with node_memory_stage(slurm_cluster, f"cli={late}"):
+        jobid = three_preemptions(slurm_cluster, workdir, reference, "three_preemptions_staged")
+    said = restore_log(slurm_cluster, jobid)
+    assert said.count("read from node memory") == 3 and said.count('"gpu_arenas_kept": 1') == 3, said
+
+
+def three_preemptions(slurm_cluster, workdir, reference, name: str) -> str:
     jobid, train_out, job_out = submit(slurm_cluster, workdir)
     figures: dict = {"job": jobid, "cycles": []}
     registry = RegistryWatch(slurm_cluster, jobid)
@@ -387,11 +402,12 @@ def test_gpu_job_through_three_preemptions_bit_identical(slurm_cluster, workdir,
     finally:
         figures["task_registry"] = registry.stop()
         figures["restore_log"] = restore_log(slurm_cluster, jobid).splitlines()[-12:]
-        record("three_preemptions", figures, reference)
+        record(name, figures, reference)
     got = lines(train_out)
     figures["bit_identical"] = got == reference["lines"]
-    record("three_preemptions", figures, reference)
+    record(name, figures, reference)
     text = job_out.read_text()
     assert info["JobState"] == "COMPLETED" and info["Restarts"] == "3", (text, info)
     assert text.count("start restart=0") == 1 and text.count("after python rc=0") == 1, text
     assert figures["bit_identical"], "the output differs from the uninterrupted run"
+    return jobid

@@ -70,6 +70,18 @@ def test_the_budget_takes_units_until_the_cap(site):
     assert not budget.take(left + 1) and budget.take(left) and budget.left == 0
 
 
+
+def test_what_a_stage_holds_is_its_files_memory_not_their_sizes(tmp_path):
+    """A .h5 file's metadata staged beside the arena's own files has the whole file's
+    size and holes for its data: counted by size, the GPU data counted twice."""
+    (tmp_path / "7" / "gen-1").mkdir(parents=True)
+    with open(tmp_path / "7" / "gen-1" / "process-1.layout.h5", "wb") as f:
+        f.write(b"m" * 4096)
+        f.truncate(64 << 20)
+    (tmp_path / "7" / "gen-1" / "0").write_bytes(b"d" * (1 << 20))
+    assert (1 << 20) + 4096 <= staging.used_bytes(tmp_path) < 2 << 20
+
+
 HOLDS = r"""
 import mmap, os, sys
 shm = open(sys.argv[1], "w+b"); shm.truncate(64 << 20)
@@ -385,3 +397,5 @@ def test_a_restore_log_line_says_where_the_time_went():
                                       "total_s": 3.0, "gpu_data_s": None})
     assert said == " (CRIU 0.61 s, arena 0.90 s, GPU data read 1.20 s)"
     assert batch_restore.phases_said({}) == ""
+    kept = batch_restore.phases_said({"criu_restore_s": 0.6, "gpu_fill_s": 0.001, "gpu_arenas_kept": 1})
+    assert kept == " (CRIU 0.60 s, 1 arena(s) as the checkpoint left them in node memory)"

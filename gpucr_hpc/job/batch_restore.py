@@ -212,7 +212,11 @@ PHASES = (("checks_s", "checks"), ("criu_restore_s", "CRIU"), ("gpu_control_s", 
 
 def phases_said(timings: dict) -> str:
     """Where a restore's time went, for its restore.log line: ' (CRIU 0.61 s, arena 0.90 s, ...)'."""
-    said = [f"{name} {timings[key]:.2f} s" for key, name in PHASES if isinstance(timings.get(key), (int, float))]
+    kept = timings.get("gpu_arenas_kept")  # mapped as the checkpoint left it in node memory: no fill
+    said = [f"{name} {timings[key]:.2f} s" for key, name in PHASES
+            if isinstance(timings.get(key), (int, float)) and not (kept and key == "gpu_fill_s")]
+    if kept:
+        said.append(f"{kept} arena(s) as the checkpoint left them in node memory")
     return f" ({', '.join(said)})" if said else ""
 
 
@@ -408,7 +412,7 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     steps = (batch or {}).get("timings") or {}  # CRIU and GPU parts: the figures of a restore
     took = time.monotonic() - t0
     log(f"batch tree restored in {took:.2f} s "
-        + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s")}))
+        + json.dumps({k: round(v, 3) for k, v in steps.items() if k.endswith("_s") or k == "gpu_arenas_kept"}))
     taken = m.get("created", "?").replace("T", " ").rstrip("Z")
     say(f"gpucr: job {jobid} restored from {gen.name} (checkpointed {taken} UTC) on {node_name()} "
         f"in {took:.1f} s" + (", its ranks next" if ranks_of(m) else ""))

@@ -65,12 +65,14 @@ def cap_bytes(cap: str, fs_bytes: int) -> int:
 
 
 def used_bytes(root: Path) -> int:
-    """What staged checkpoints of every job take under the stage root now."""
+    """What staged checkpoints of every job take under the stage root now: the memory
+    of their files, not their sizes (a .h5 file's metadata staged beside the arena's
+    own files has the size of the whole file, and holes where the data would go)."""
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
             try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
             except OSError:
                 pass
     return total

@@ -10,7 +10,9 @@ thread per GPU process makes each segment of its arena as a file with no name
 (all of them: a page the shim later touches must not be missing) and copies the
 .h5 file's allocations to where the shim had placed them. At arena_attach the
 descriptors go to the shim (SCM_RIGHTS), which maps them at the segments'
-addresses: the data is there.
+addresses: the data is there. An image in node memory whose checkpoint left the
+arena's own files there (store/files.py) needs no fill: they are opened and
+handed over as they are (`adopt`).
 
 It serves only where it does what the shim would: the image records the arena's
 segments and directory (earlier images do not), that directory is here, and the
@@ -62,6 +64,7 @@ class Filled:
     blobs: list[Blob]  # as the shim placed them at the checkpoint
     bytes: int
     fill_s: float
+    kept: bool = False  # the checkpoint's own arena files, left in node memory (adopt)
 
     def close(self) -> None:
         for fd in self.fds:
@@ -170,6 +173,31 @@ def fill(h5: Path, segments: list[tuple[int, int]], directory: str, cancelled: t
     return Filled(fds=fds, blobs=blobs, bytes=rep["bytes"], fill_s=time.monotonic() - t0)
 
 
+def adopt(image_dir: Path, entry: dict, segments: list[tuple[int, int]]) -> Filled:
+    """The arena a checkpoint left in node memory as its own files (store/files.py):
+    opened, not copied; they hold the data at the shim's placements already. A file
+    that does not match the segments the image records is a ValueError."""
+    t0 = time.monotonic()
+    parts = image_store.arena_parts(entry)
+    if [(a, n) for _, a, n in parts] != [(int(a), int(n)) for a, n in segments]:
+        raise ValueError("the arena's files in node memory are not the segments the image records")
+    blobs = [b for b, _ in gpu_data.placed_blobs(image_dir / entry["arena"]["layout"])]
+    for b in blobs:
+        if b.size and not any(a <= b.host and b.host + b.size <= a + n for _, a, n in parts):
+            raise ValueError(f"allocation bytes at {b.host:#x} lie outside the arena's segments")
+    fds: list[int] = []
+    try:
+        for name, _, size in parts:
+            fds.append(os.open(image_dir / name, os.O_RDWR | os.O_CLOEXEC))
+            if os.fstat(fds[-1]).st_size != size:
+                raise ValueError(f"{image_dir / name} is not of its segment's {size} bytes")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return Filled(fds=fds, blobs=blobs, bytes=sum(b.size for b in blobs), fill_s=time.monotonic() - t0, kept=True)
+
+
 class ArenaFill:
     """The fills of an image's GPU processes, started at once, each in its thread;
     `take` waits for one, `close` ends what is left (a restore that failed)."""
@@ -179,16 +207,23 @@ class ArenaFill:
         self._cancelled = threading.Event()
         self._futures: dict[int, Future] = {}
         checked = image_store.gpu_data_files(m) if check else frozenset()
-        wanted = []
+        wanted, staged = [], []
         for rec in m.get("gpu_processes") or []:
             if not rec.get("h5"):
                 continue  # no GPU data: no arena to fill
+            if ((m.get("files") or {}).get(rec["h5"]) or {}).get("arena"):
+                staged.append(rec)  # the arena's own files, left in node memory: nothing to fill
+                continue
             why = usable(rec)
             if why:
                 self.skipped[image_pid(rec)] = why
             else:
                 wanted.append(rec)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(wanted)), thread_name_prefix="gpucr-fill")
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(wanted) + len(staged)),
+                                        thread_name_prefix="gpucr-fill")
+        for rec in staged:
+            self._futures[image_pid(rec)] = self._pool.submit(
+                adopt, image_dir, m["files"][rec["h5"]], [tuple(s) for s in rec.get("arena_segments") or ()])
         for rec in wanted:
             digests, block = (image_store.block_checksums(m, rec["h5"]) if rec["h5"] in checked
                               else (None, image_store.HASH_BLOCK))

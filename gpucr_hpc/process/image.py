@@ -145,7 +145,8 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
     bytes so far): told as each phase begins ("gpu", "dump", "write", "commit").
     checksums=False: to_dir is in node memory (a job's staging tier): CRIU dumps
     straight into it and its files are checksummed by the drain that copies them to
-    the image root (store/drain.py), not here, while the node waits."""
+    the image root (store/drain.py), not here, while the node waits; a tree that
+    ends leaves its arenas there as they are (image_gpu.GpuCheckpoint hand_over)."""
     t0 = time.monotonic()
     said = on_phase or (lambda phase, nbytes: None)
     timings: dict[str, float] = {}
@@ -182,7 +183,8 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
             node = node_gpus() or {}
             m["vendor"] = node.get("vendor") or "nvidia"
             m["gpu"] = {k: node.get(k) for k in ("model", "models", "uuids", "driver_version")}
-            gpu = image_gpu.GpuCheckpoint(pid, writer.path, timeout_ms, run_dir, hashed=checksums)
+            gpu = image_gpu.GpuCheckpoint(pid, writer.path, timeout_ms, run_dir, hashed=checksums,
+                                          hand_over=not leave_running)
             gpu.run()
             gpu_active = True
             timings.update({f"gpu_{k}": v for k, v in gpu.timings.items()})
@@ -216,6 +218,8 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
                 writer.add_unhashed(rel)
             else:
                 writer.add_blocks(rel, size, digests)
+        for rel, layout, segments in (gpu.arenas if gpu else []):
+            writer.add_arena(rel, layout, segments)
         if stage:
             criu_bytes = writer.add_tree(stage, image_store.CRIU_SUBDIR)
         else:
@@ -372,7 +376,9 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
 
         fill = arena_fill.ArenaFill(m, img.path, check=not checksums_verified)
     try:
+        t = time.monotonic()
         here = gpu_inventory.node_gpus() if m.get("vendor") or m.get("gpu_processes") else []
+        timings["node_query_s"] = time.monotonic() - t  # part of checks_s: the node's GPUs, asked once
         check_node(m, node_gpus(here))
         plan = None
         if m.get("gpu_processes"):

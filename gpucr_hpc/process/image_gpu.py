@@ -13,6 +13,11 @@ Checkpoint (`GpuCheckpoint`), on the shimmed and CUDA processes of the tree:
               is copied from the process into <image>/process-<pid>.h5 and fsync'd,
               checksummed per block from the page cache meanwhile
               (gpu_data.save_process); `h5_write_s`, `h5_MBps`;
+              A tree that ends into node memory (a job's staging tier, hand_over)
+              keeps its arena instead: the shim's segment files are linked into
+              the image beside the .h5 file's metadata (store/files.py), so the
+              process can end at once, its data staying where it is (no copy;
+              the drain joins the two on the image root);
   4. detach   each shim swaps its arena for an empty reservation of the same
               range: CRIU cannot dump it (unlinked shared files, huge pages), and
               its data is in the .h5 now; `detach_s`.
@@ -40,6 +45,7 @@ travel inside its CRIU images (the driver stages them into process memory).
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -49,7 +55,7 @@ from gpucr_hpc.gpu import inventory as gpu_inventory
 from gpucr_hpc.gpu import remap as gpu_remap
 from gpucr_hpc.process import in_place
 from gpucr_hpc.shim.client import ShimClient
-from gpucr_hpc.shim.protocol import ARENA_ATTACH, ARENA_DETACH, NO_REPLY, STAGING_DROP, Reply
+from gpucr_hpc.shim.protocol import ARENA_ATTACH, ARENA_DETACH, ARENA_FILES, NO_REPLY, STAGING_DROP, Reply
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
 from gpucr_hpc.store import manifest as mf
@@ -77,9 +83,10 @@ class GpuCheckpoint:
     for its lock; run_dir: where the shims' control sockets are (default: the usual)."""
 
     def __init__(self, pid: int, image_dir: Path, timeout_ms: int | None = None,
-                 run_dir: Path | None = None, hashed: bool = True):
+                 run_dir: Path | None = None, hashed: bool = True, hand_over: bool = False):
         self.pid = pid
         self.hashed = hashed  # False: image_dir is in node memory, the drain checksums it
+        self.hand_over = hand_over and not hashed  # the tree ends: its arenas stay in image_dir
         self.dir = Path(image_dir)
         self.timeout_ms = TIMEOUT_MS if timeout_ms is None else timeout_ms
         self.run_dir = run_dir
@@ -90,6 +97,7 @@ class GpuCheckpoint:
                              f"restore it first (`gpucr-hpc restore --pid {pid}`), then checkpoint --to")
         self.records: list[dict] = []   # per process, for the manifest
         self.h5_files: list[tuple[str, int, list | None]] = []   # image-relative name, size, block sha256s
+        self.arenas: list[tuple[str, str, list[tuple[str, int, int]]]] = []  # .h5 name, its parts (hand_over)
         self.timings: dict[str, float] = {}
         self.bytes = 0
         self._shimmed: list = []
@@ -169,6 +177,11 @@ class GpuCheckpoint:
         attrs: dict[str, object] = {"vendor": "nvidia"}
         if rec.get("gpu_uuids"):
             attrs["device_uuids"] = gpu_data.string_array(rec["gpu_uuids"])
+        if self.hand_over:
+            why = self._keep_arena(tg.pid, rel, blobs, attrs, rec)
+            if why is None:
+                return rec
+            rec["arena_copied"] = why  # the copy below, as without a staging tier
         try:
             rep = gpu_data.save_process(self.dir / rel, tg.pid, blobs, attrs=attrs,
                                          block_bytes=image_store.HASH_BLOCK, hashed=self.hashed)
@@ -180,6 +193,33 @@ class GpuCheckpoint:
         rec.update(h5=rel, bytes=rep["bytes"], allocations=rep["allocations"],
                    copy_s=round(rep["copy_s"], 6), fsync_s=round(rep["fsync_s"], 6))
         return rec
+
+    def _keep_arena(self, pid: int, rel: str, blobs: list, attrs: dict, rec: dict) -> str | None:
+        """The process's arena linked into the image, as its own files, beside the
+        metadata of the .h5 file `rel` (store/files.py): no byte is copied. None when
+        done; else why not, with nothing left behind (the caller copies instead)."""
+        r = ShimClient(pid, self.run_dir).request(ARENA_FILES)
+        if not r.ok:
+            return f"the shim did not hand its arena over: {r.error or 'no reason given'}"
+        if not r.segment_fds or len(r.segment_fds) != len(r.segment_ranges) or not all(r.segment_linkable):
+            return f"the arena's files in {r.arena_dir or 'its directory'} cannot be linked"
+        layout = image_store.layout_name(pid)
+        folder = self.dir / Path(image_store.arena_name(pid, 0)).parent
+        names = [image_store.arena_name(pid, k) for k in range(len(r.segment_fds))]
+        try:
+            folder.mkdir(mode=0o700)
+            for name, fd in zip(names, r.segment_fds):
+                os.link(f"/proc/{pid}/fd/{fd}", self.dir / name)  # linkat, following the magic link
+            rep = gpu_data.save_layout(self.dir / layout, pid, blobs, attrs=attrs)
+        except OSError as e:
+            shutil.rmtree(folder, ignore_errors=True)
+            (self.dir / layout).unlink(missing_ok=True)
+            return f"linking the arena's files into {self.dir} failed: {e.strerror or e}"
+        self.arenas.append((rel, layout, [(n, a, size) for n, (a, size) in zip(names, r.segment_ranges)]))
+        self.bytes += rep["bytes"]
+        rec.update(h5=rel, bytes=rep["bytes"], allocations=rep["allocations"], copy_s=0.0, fsync_s=0.0,
+                   arena_kept=True)
+        return None
 
     def _gpu_uuids(self, pid: int, reply: Reply) -> list[str]:
         """The UUIDs of the GPUs process `pid` sees, by CUDA ordinal: as its shim reported
@@ -203,8 +243,16 @@ class GpuCheckpoint:
         if self._driver_done:
             in_place.driver_restore(self.driver, self.targets)
             self._driver_done = False
+        kept = {rel: (layout, segments) for rel, layout, segments in self.arenas}
         for rec in list(self._detached):
-            _refill(rec, rec["pid"], self.dir)
+            filled = None
+            if rec["h5"] in kept:  # its own files, linked into the image: mapped back as they are
+                from gpucr_hpc.process import arena_fill
+
+                layout, segments = kept[rec["h5"]]
+                entry = {"arena": {"layout": layout, "segments": [list(s) for s in segments]}}
+                filled = arena_fill.adopt(self.dir, entry, [(a, n) for _, a, n in segments])
+            _refill(rec, rec["pid"], self.dir, filled=filled)
             self._detached.remove(rec)
         in_place.shim_restore(self._shimmed, self.run_dir)
         return {"resume_s": time.monotonic() - t0}
@@ -224,7 +272,7 @@ def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None, filled=
             if _placements(r.blobs) != _placements(filled.blobs):
                 raise GpucrError(f"process {pid}: its arena's allocations are not where its image has them",
                                  "restore from another generation, and report this with the image")
-            return {"bytes": filled.bytes, "attach_s": r.attach_s, "fill_s": filled.fill_s}
+            return {"bytes": filled.bytes, "attach_s": r.attach_s, "fill_s": filled.fill_s, "kept": filled.kept}
         # a shim that took no descriptors made the arena anew: load it as before
     else:
         r = _ok(c.request(ARENA_ATTACH, timeout=600.0), pid, "re-creating the arena")
@@ -348,6 +396,8 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
             timings["attach_s"] = timings.get("attach_s", 0.0) + rep["attach_s"]
             if "fill_s" in rep:  # beside CRIU and the driver: the longest of them
                 timings["fill_s"] = max(timings.get("fill_s", 0.0), rep["fill_s"])
+            if rep.get("kept"):  # mapped as the checkpoint left it in node memory: no fill
+                timings["arenas_kept"] = timings.get("arenas_kept", 0) + 1
     timings["h5_read_s"] = time.monotonic() - started - timings.get("attach_s", 0.0)
     if total and "fill_s" not in timings:  # filled ahead, h5_read_s is only the wait for it
         timings["h5_read_MBps"] = total / timings["h5_read_s"] / 1e6

@@ -9,7 +9,9 @@ or a short write stops it), fsyncs files and directories, and writes the
 manifest and COMMITTED last: the drained image is the staged one, byte for
 byte, and durable. Files CRIU dumped straight into node memory have no
 checksum there yet (the node should not wait for one): the drain makes it as
-it copies them, and the drained manifest records it.
+it copies them, and the drained manifest records it. A process's GPU data
+staged as its arena's own files and the .h5 file's metadata (store/files.py) is
+joined into the .h5 file here, checksummed as it is written.
 
 A drain that fails for any reason (disk full, a checksum, the file system
 gone) removes what it wrote and says why in one line; the staged image is
@@ -24,6 +26,7 @@ from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.store import files as image_store
+from gpucr_hpc.store import gpu_data
 from gpucr_hpc.store import manifest as mf
 
 
@@ -47,6 +50,25 @@ def _copy_checked(src: Path, dst: Path, rec: dict) -> dict:
     return rec
 
 
+def _compose(staged: Path, dst: Path, rec: dict) -> dict:
+    """The .h5 file a checkpoint left as the arena's segments and its metadata
+    (store/files.py), whole and checksummed on the image root."""
+    names = [rec["arena"].get("layout") or ""] + [f for f, _, _ in image_store.arena_parts(rec)]
+    if any(not n or ".." in Path(n).parts or Path(n).is_absolute() for n in names):
+        raise GpucrError(f"staged image {staged}: bad file name among {names!r}", "checkpoint the job again")
+    segments = [(staged / f, a, n) for f, a, n in image_store.arena_parts(rec)]
+    try:
+        size, blocks = gpu_data.compose(staged / rec["arena"]["layout"], segments, dst,
+                                        block_bytes=image_store.HASH_BLOCK)
+    except ValueError as e:
+        raise GpucrError(f"{staged}: the GPU data of {dst.name} does not fit its arena's files ({e})",
+                         "the staged image is damaged; the job restores from its previous generation") from e
+    if size != rec["size"]:
+        raise GpucrError(f"{dst.name} joined from {staged} has {size} bytes, its manifest says {rec['size']}",
+                         "the staged image is damaged; the job restores from its previous generation")
+    return {"size": size, "sha256_blocks": blocks, "block_bytes": image_store.HASH_BLOCK}
+
+
 def drain_image(staged: Path, dest: Path) -> int:
     """Copy the committed image `staged` to the new directory `dest`; returns its bytes.
     On any failure `dest` is removed and a GpucrError says why."""
@@ -60,7 +82,10 @@ def drain_image(staged: Path, dest: Path) -> int:
         for rel, rec in sorted((m.get("files") or {}).items(), key=lambda kv: -kv[1]["size"]):
             if ".." in Path(rel).parts or Path(rel).is_absolute():
                 raise GpucrError(f"staged image {staged}: bad file name {rel!r}", "checkpoint the job again")
-            files[rel] = _copy_checked(staged / rel, dest / rel, rec)
+            if rec.get("arena"):  # held as its parts, the process's arena among them: joined here
+                files[rel] = _compose(staged, dest / rel, rec)
+            else:
+                files[rel] = _copy_checked(staged / rel, dest / rel, rec)
         for root, dirs, _files in os.walk(dest):
             for d in dirs:
                 mf.fsync_dir(Path(root) / d)

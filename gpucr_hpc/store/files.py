@@ -7,6 +7,17 @@ Layout of an image directory:
     criu/                CRIU images of the process tree
     COMMITTED            written last; holds the sha256 of manifest.json
 
+A job's image in node memory (the staging tier) may hold a process's GPU buffers
+in two parts instead of its .h5 file: the arena's own files, linked there as the
+process ended (no copy), and the .h5 file's metadata with holes where the
+buffers go. Its manifest lists the .h5 file with an `arena` entry naming them:
+
+    process-<pid>.layout.h5       the metadata (gpu_data.save_layout)
+    process-<pid>.arena/<k>       the k-th segment of the process's arena
+
+The drain joins them into the .h5 file on the image root (gpu_data.compose); a
+restore on the same node maps the segments as the arena (arena_fill.adopt).
+
 Writing goes through `ImageWriter`: files are streamed in with their sha256
 computed on the way (one pass, so the checksum costs no extra read), one per
 64 MiB block so that several threads share the work, and the manifest +
@@ -53,6 +64,19 @@ def full_disk(e: BaseException, where: Path) -> GpucrError | None:
 
 def process_h5_name(pid: int) -> str:
     return f"process-{pid}.h5"
+
+
+def layout_name(pid: int) -> str:
+    return f"process-{pid}.layout.h5"
+
+
+def arena_name(pid: int, k: int) -> str:
+    return f"process-{pid}.arena/{k}"
+
+
+def arena_parts(rec: dict) -> list[tuple[str, int, int]]:
+    """A manifest file record's arena segments (file, address, size); [] for a whole file."""
+    return [(str(f), int(a), int(n)) for f, a, n in (rec.get("arena") or {}).get("segments") or ()]
 
 
 def prepare_new(path: Path) -> Path:
@@ -189,6 +213,15 @@ class ImageWriter:
         self.manifest["total_bytes"] = sum(f["size"] for f in self.manifest["files"].values())
         return size
 
+    def add_arena(self, rel: str, layout: str, segments: list[tuple[str, int, int]]) -> int:
+        """Record the .h5 file `rel` as its two parts in node memory (the module doc):
+        its metadata `layout` and the arena's segment files (file, address, size)."""
+        size = (self.path / layout).stat().st_size
+        self.manifest["files"][rel] = {"size": size, "arena": {
+            "layout": layout, "segments": [[f, a, n] for f, a, n in segments]}}
+        self.manifest["total_bytes"] = sum(f["size"] for f in self.manifest["files"].values())
+        return size
+
     def add_blocks(self, rel: str, size: int, digests: list[str]) -> int:
         """Record a file already written and fsync'd into the image, with the sha256 of
         each of its HASH_BLOCKs (block_digests, made while it was fsync'd)."""
@@ -261,6 +294,9 @@ def verify(path: Path, manifest: dict, workers: int = 2, defer: frozenset[str] =
         p = path / rel
         if ".." in Path(rel).parts or Path(rel).is_absolute():
             raise GpucrError(f"image {path}: bad file name {rel!r} in manifest", "restore from another copy")
+        if rec.get("arena"):
+            _check_arena(path, rel, rec)
+            continue
         if not p.is_file():
             raise GpucrError(f"image {path}: {rel} is missing", "the image is incomplete; restore from another copy")
         size = p.stat().st_size
@@ -297,6 +333,18 @@ def verify(path: Path, manifest: dict, workers: int = 2, defer: frozenset[str] =
             if want != got:
                 raise GpucrError(f"image {path}: checksum mismatch in {rel} (corrupt image)",
                                  "restore from another copy of the image")
+
+
+def _check_arena(path: Path, rel: str, rec: dict) -> None:
+    """A .h5 file held as its parts in node memory: each there, of its size."""
+    parts = [(rec["arena"].get("layout", ""), rec["size"])] + [(f, n) for f, _, n in arena_parts(rec)]
+    for part, size in parts:
+        p = path / part
+        if ".." in Path(part).parts or Path(part).is_absolute() or not part:
+            raise GpucrError(f"image {path}: bad file name {part!r} in manifest", "restore from another copy")
+        if not p.is_file() or p.stat().st_size != size:
+            raise GpucrError(f"image {path}: {part}, a part of {rel}, is missing or not of its "
+                             f"{size} bytes", "restore from another copy of the image")
 
 
 def open_image(path: Path, *, verify_checksums: bool = True, defer_gpu_data: bool = False) -> Image:

@@ -210,13 +210,9 @@ def _libc():
     return _LIBC
 
 
-def _vm_copy(pid: int, local: np.ndarray, remote: int, n: int, write: bool) -> None:
-    """n bytes between our buffer and the process's address `remote` (ctypes drops the GIL)."""
-    _vm_copy_at(pid, local.ctypes.data, remote, n, write)
-
-
 def _vm_copy_at(pid: int, base: int, remote: int, n: int, write: bool) -> None:
-    """n bytes between our address `base` and the process's address `remote`."""
+    """n bytes between our address `base` and the process's address `remote` (ctypes
+    drops the GIL)."""
     fn = _libc().process_vm_writev if write else _libc().process_vm_readv
     done = 0
     while done < n:
@@ -347,15 +343,24 @@ def _overlaps(payload, start: int, end: int):
             yield lo, hi, host + lo - off
 
 
-def _fill(fd: int, pid: int, buf: np.ndarray, start: int, n: int, payload) -> list[tuple[int, int]]:
+# Where saved bytes come from: get(our address, arena address, n) reads n bytes of
+# the arena at that address (a live process's, or its files in node memory).
+Get = Callable[[int, int, int], None]
+
+
+def from_process(pid: int) -> Get:
+    return lambda ours, host, n: _vm_copy_at(pid, ours, host, n, write=False)
+
+
+def _fill(fd: int, get: Get, buf: np.ndarray, start: int, n: int, payload) -> list[tuple[int, int]]:
     """buf[:n] = bytes [start, start + n) of the file as it will be: the blobs' bytes from
-    the process, the rest (HDF5 metadata, alignment gaps) from the file. Returns the
-    (buffer offset, size) pieces that came from the process: those still to be written."""
+    the arena, the rest (HDF5 metadata, alignment gaps) from the file `fd`. Returns
+    the (buffer offset, size) pieces that came from the arena: those still to be written."""
     pos, end, parts = start, start + n, []
     for lo, hi, addr in _overlaps(payload, start, end):
         if lo > pos:
             _pread_all(fd, buf[pos - start:], pos, lo - pos)
-        _vm_copy(pid, buf[lo - start:], addr, hi - lo, write=False)
+        get(buf[lo - start:].ctypes.data, addr, hi - lo)
         parts.append((lo - start, hi - lo))
         pos = hi
     if pos < end:
@@ -410,7 +415,7 @@ def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None 
         size = os.fstat(fd).st_size
 
         def chunk(buf, start: int, n: int) -> int:
-            parts = _fill(fd, pid, buf, start, n, payload)
+            parts = _fill(fd, from_process(pid), buf, start, n, payload)
             for off, k in parts:
                 _pwrite_all(fd, buf[off:], start + off, k)
             writeback.start(fd, start, n)
@@ -426,6 +431,72 @@ def save_process(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None 
     t3 = time.monotonic()
     return {"bytes": total, "allocations": len(blobs), "file_size": size, "checksum": digests,
             "block_bytes": block_bytes, "layout_s": t1 - t0, "copy_s": t2 - t1, "fsync_s": t3 - t2}
+
+
+def save_layout(path: Path, pid: int, blobs: list[Blob], *, attrs: dict | None = None) -> dict:
+    """The HDF5 file save_process would write, without the blobs' bytes: its metadata,
+    with a hole where each blob goes (no memory, in node memory). What a checkpoint
+    stages when the arena's own files hold the bytes (`compose` joins the two)."""
+    t0 = time.monotonic()
+    _create_layout(path, blobs, {"pid": pid, **(attrs or {})})
+    return {"bytes": sum(b.size for b in blobs), "allocations": len(blobs), "file_size": path.stat().st_size,
+            "checksum": None, "layout_s": time.monotonic() - t0, "copy_s": 0.0, "fsync_s": 0.0}
+
+
+def compose(layout: Path, segments: list[tuple[Path, int, int]], dest: Path,
+            block_bytes: int = 64 << 20) -> tuple[int, list[str]]:
+    """The file save_process would have written, at the new path dest, fsync'd: the
+    metadata of `layout` (save_layout's) and each blob's bytes from the arena's
+    files, segments (file, address, size) as the shim had them mapped. Returns its
+    size and the sha256 of each block_bytes block. A blob outside the segments, or
+    a segment file of another size, is a ValueError, and dest is not left behind."""
+    placed = placed_blobs(layout)
+    payload = _payload([b for b, _ in placed], [off for _, off in placed])
+    maps: list[mmap.mmap] = []
+    bases: list[tuple[int, int, int]] = []  # (address, size, our address), by address
+    try:
+        for path, base, size in segments:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size != size:
+                    raise ValueError(f"{path} has {os.fstat(f.fileno()).st_size} bytes, the arena's "
+                                     f"segment {size}")
+                maps.append(mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else mmap.mmap(-1, 1))
+            view = np.frombuffer(maps[-1], dtype=np.uint8)
+            bases.append((base, size, view.ctypes.data))
+            del view  # no buffer exported, so that the mapping can close
+        bases.sort()
+        starts = [b for b, _, _ in bases]
+
+        def get(ours: int, host: int, n: int) -> None:
+            i = bisect.bisect_right(starts, host) - 1
+            if i < 0 or host + n > bases[i][0] + bases[i][1]:
+                raise ValueError(f"allocation bytes at {host:#x} lie outside the arena's segments")
+            ctypes.memmove(ours, bases[i][2] + host - bases[i][0], n)
+
+        meta = os.open(layout, os.O_RDONLY)
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(meta).st_size
+            os.ftruncate(fd, size)
+
+            def chunk(buf, start: int, n: int) -> int:
+                _fill(meta, get, buf, start, n, payload)
+                _pwrite_all(fd, buf, start, n)
+                writeback.start(fd, start, n)
+                return n
+
+            _, digests = _by_blocks(size, block_bytes, COPY_WORKERS, chunk)
+            os.fsync(fd)
+        except BaseException:
+            dest.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+            os.close(meta)
+    finally:
+        for mm in maps:
+            mm.close()
+    return size, digests
 
 
 def _mapped(path: Path, payload, move, writable: bool, workers: int = MEMORY_WORKERS) -> tuple[int, int]:
