@@ -2,8 +2,10 @@
  *
  * Segments are files in a hugetlbfs mount (when the configured directory is one)
  * or in /dev/shm, mapped MAP_SHARED and pre-faulted by several threads (first
- * touch is slow in a VM: ~1 GB/s per thread), unlinked at once (so they never
- * outlive the process), and registered with the driver (pinned) only when the
+ * touch is slow in a VM: ~1 GB/s per thread), without a name (so they never
+ * outlive the process, unless the agent links one into a stage folder to keep
+ * its pages: arena_files; the next checkpoint then writes into a new file
+ * instead), and registered with the driver (pinned) only when the
  * caller passes a register function (GPUCR_ARENA_PIN; datapath.c says why not by
  * default). The arena only grows, by one segment at a time, so the same
  * footprint checkpointed again reuses the same memory. Each segment prefers the
@@ -36,9 +38,13 @@ struct seg {
     size_t size, used;
     int registered;
     int detached; /* a placeholder holds its range (migration) */
-    int fd;       /* kept open for the copy helper (gpucr_arena_keep_fds), else -1 */
+    /* Its file, open while it is mapped (-1 while detached): the copy helper
+     * maps it too, the agent links it into a stage folder (arena_files). */
+    int fd;
+    int tmpfile;  /* made with O_TMPFILE: may be linked though it has no name */
+    dev_t dev;    /* fd's file, to tell that fd is still ours: the program */
+    ino_t ino;    /* may close it and open another file in its place */
     unsigned gen; /* a new file each time it is (re)mapped */
-    char path[256];
 };
 
 static struct seg segs[MAX_SEGS];
@@ -47,7 +53,6 @@ static char dir[200] = "/dev/shm";
 static int hugetlb;
 static size_t page = 4096;
 static unsigned seq;
-static int keep_fds; /* the copy helper maps the segments too (helper.c) */
 static double setup_s;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 /* Held while a segment is created (map_new_file only runs under it): a
@@ -149,25 +154,56 @@ static int prefault(char *p, size_t size)
     return err;
 }
 
-/* A new shared file of `size` bytes, mapped (at `at` when not NULL) and
- * pre-faulted, then unlinked: no name once mapped, so the memory goes away with
- * the process, however it ends (a killed process runs no destructor). */
-static void *map_new_file(struct seg *s, size_t size, void *at)
+/* A named file in dir, unlinked at once: for a file system without O_TMPFILE. */
+static int named_file(void)
 {
+    char path[256];
     int fd;
     do {
-        snprintf(s->path, sizeof s->path, "%s/gpucr-arena-%d-%u", dir, (int)getpid(), seq++);
-        fd = open(s->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        snprintf(path, sizeof path, "%s/gpucr-arena-%d-%u", dir, (int)getpid(), seq++);
+        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     } while (fd < 0 && errno == EEXIST);
-    if (fd < 0)
-        return MAP_FAILED;
-    if (ftruncate(fd, (off_t)size) < 0) {
+    if (fd >= 0)
+        unlink(path);
+    return fd;
+}
+
+/* A new file of `size` bytes with no name, so its memory goes away with the
+ * process however it ends (a killed process runs no destructor), unless someone
+ * links it. O_TMPFILE without O_EXCL where the file system has it: the agent may
+ * link it into a stage folder (arena_files); else named and unlinked at once,
+ * which the kernel never lets anyone link again. -1 with errno. */
+static int tmpfile_ok = -1; /* the directory takes O_TMPFILE: 1, 0, -1 not tried yet */
+
+static int new_file(size_t size, int *tmpfile)
+{
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    *tmpfile = fd >= 0;
+    tmpfile_ok = fd >= 0;
+    if (fd < 0) /* EOPNOTSUPP, EISDIR, EINVAL...: whatever the reason, a named one */
+        fd = named_file();
+    if (fd >= 0 && ftruncate(fd, (off_t)size) < 0) {
         int e = errno;
         close(fd);
-        unlink(s->path);
         errno = e;
-        return MAP_FAILED;
+        return -1;
     }
+    return fd;
+}
+
+/* An unbacked, inaccessible reservation of [at, at+size): nothing else is
+ * mapped there, and it costs no memory. */
+static int reserve(void *at, size_t size)
+{
+    void *p = mmap(at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+    return p == MAP_FAILED ? -1 : 0;
+}
+
+/* fd's first `size` bytes mapped shared (at `at` when not NULL), bound to the
+ * GPU's node and pre-faulted; MAP_FAILED with errno (at `at`: a reservation
+ * holds the range then). */
+static void *map_file(int fd, size_t size, void *at)
+{
     void *p = mmap(at, size, PROT_READ | PROT_WRITE, MAP_SHARED | (at ? MAP_FIXED : 0), fd, 0);
     int e = errno;
     if (p != MAP_FAILED) /* before any page is touched; a shared file keeps the policy */
@@ -177,25 +213,58 @@ static void *map_new_file(struct seg *s, size_t size, void *at)
         e = errno;
     } else if (p != MAP_FAILED && e) { /* out of shared memory or huge pages */
         if (at)
-            mmap(at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+            reserve(at, size);
         else
             munmap(p, size);
         p = MAP_FAILED;
     }
-    if (p != MAP_FAILED && keep_fds) {
-        s->fd = fd;
-        s->gen = seq;
-    } else
-        close(fd);
-    unlink(s->path);
     if (p == MAP_FAILED)
         errno = e == 0 ? ENOMEM : e;
     return p;
 }
 
+/* fd is s's file from now on, a new generation (the copy helper maps it anew). */
+static void take_fd(struct seg *s, int fd, int tmpfile)
+{
+    struct stat st;
+    s->fd = fd;
+    s->tmpfile = tmpfile;
+    s->gen = ++seq;
+    s->dev = 0;
+    s->ino = 0;
+    if (fstat(fd, &st) == 0) {
+        s->dev = st.st_dev;
+        s->ino = st.st_ino;
+    }
+}
+
+/* Whether s->fd is still s's file; st gets its status. */
+static int own_fd(const struct seg *s, struct stat *st)
+{
+    return s->fd >= 0 && fstat(s->fd, st) == 0 && st->st_dev == s->dev && st->st_ino == s->ino;
+}
+
+/* A new file of `size` bytes mapped (at `at` when not NULL) and pre-faulted:
+ * s's file from now on. MAP_FAILED with errno. */
+static void *map_new_file(struct seg *s, size_t size, void *at)
+{
+    int tmpfile, fd = new_file(size, &tmpfile);
+    if (fd < 0)
+        return MAP_FAILED;
+    void *p = map_file(fd, size, at);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        errno = e;
+    } else
+        take_fd(s, fd, tmpfile);
+    return p;
+}
+
 static void close_fd(struct seg *s)
 {
-    if (s->fd >= 0)
+    struct stat st;
+    if (own_fd(s, &st)) /* never a descriptor the program opened in its place */
         close(s->fd);
     s->fd = -1;
 }
@@ -387,6 +456,103 @@ int gpucr_arena_register_pending(gpucr_register_fn reg)
     return rc;
 }
 
+/* Whether s's file is linked in a folder: the agent staged its pages there
+ * (arena_files), and a drain may be reading them at any moment. A descriptor
+ * that is no longer ours cannot tell: as if it were. */
+static int linked(const struct seg *s)
+{
+    struct stat st;
+    return !own_fd(s, &st) || st.st_nlink > 0;
+}
+
+/* After a failed swap (refile): s's own file at its range again, else a
+ * reservation holds the range and s counts as detached (nothing goes there). */
+static void put_back(struct seg *s)
+{
+    struct stat st;
+    if (own_fd(s, &st) &&
+        mmap(s->base, s->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, s->fd, 0) != MAP_FAILED)
+        return;
+    reserve(s->base, s->size);
+    s->detached = 1;
+    close_fd(s);
+}
+
+/* s gets a new file at the same range, so that nothing is written into its
+ * staged pages again; its contents are not kept (the checkpoint overwrites
+ * them). The new file is made and pre-faulted aside first: without room, s
+ * stays as it was. The caller registers it again (register_pending). 0, or -1
+ * with errno. */
+static int refile(struct seg *s, gpucr_register_fn unreg)
+{
+    int tmpfile, fd = new_file(s->size, &tmpfile);
+    void *p = fd < 0 ? MAP_FAILED : map_file(fd, s->size, NULL);
+    int e = errno;
+    if (p != MAP_FAILED && s->registered && (!unreg || unreg(s->base, s->size) != 0)) {
+        munmap(p, s->size); /* the driver keeps the old pages pinned: no swap under it */
+        p = MAP_FAILED;
+        e = EIO;
+    }
+    if (p == MAP_FAILED) {
+        if (fd >= 0)
+            close(fd);
+        errno = e;
+        return -1;
+    }
+    s->registered = 0;
+    /* the pages are in the new file already: only the tables are made */
+    void *q = mmap(s->base, s->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd, 0);
+    e = errno;
+    munmap(p, s->size);
+    if (q == MAP_FAILED) {
+        close(fd);
+        put_back(s);
+        errno = e;
+        return -1;
+    }
+    close_fd(s);
+    take_fd(s, fd, tmpfile);
+    return 0;
+}
+
+static int refile_said; /* last_error says why refile_linked failed */
+
+/* Before anything is written into the arena: each segment linked in a folder
+ * gets a new file. The staged pages stay, charged to this job's memory cgroups
+ * (mem_room.c), so the new ones must fit beside them. */
+static int refile_linked(gpucr_register_fn unreg)
+{
+    char why[500];
+    size_t need = 0;
+    int rc = 0, e = 0;
+    if (refile_said) /* that was the last placement's */
+        last_error[0] = '\0';
+    refile_said = 0;
+    for (int i = 0; i < nsegs; i++)
+        need += !segs[i].detached && linked(&segs[i]) ? segs[i].size : 0;
+    if (!need)
+        return 0;
+    double t0 = gpucr_now();
+    if (!hugetlb && gpucr_mem_room_for(need, why, sizeof why) != 0) {
+        e = ENOMEM;
+        rc = -1;
+    }
+    for (int i = 0; i < nsegs && rc == 0; i++)
+        if (!segs[i].detached && linked(&segs[i]) && (rc = refile(&segs[i], unreg)) != 0) {
+            e = errno;
+            snprintf(why, sizeof why, "no new file for segment %d in %s (%s)", i, dir, strerror(e));
+        }
+    setup_s += gpucr_now() - t0;
+    if (rc) {
+        snprintf(last_error, sizeof last_error, "the arena's pages staged for a drain stay until it ends, and "
+                 "new ones for this checkpoint could not be made: %.480s", why);
+        refile_said = 1;
+        gpucr_log("arena: %s", last_error);
+        errno = e;
+    }
+    return rc;
+}
+
 static int place_locked(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg)
 {
     if (register_pending(reg) < 0)
@@ -412,11 +578,46 @@ static int place_locked(const size_t *sizes, size_t n, void **out, gpucr_registe
     return try_place(sizes, n, out);
 }
 
-int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg)
+/* While the program runs: a segment whose file can never be linked again (one
+ * mapped from a stage folder whose drain is done: the kernel lets a file that
+ * had a name and lost it get none again) gets a new file, so that the next
+ * preemption can keep the arena's pages without copying them. Its contents are
+ * not needed any more; its pages go once nobody maps them. One still linked is
+ * left to the drain (a new file now would hold twice the memory while it
+ * reads); the checkpoint moves off it if it comes first. The number of
+ * segments given a new file, or -1 with errno. */
+int gpucr_arena_refresh(gpucr_register_fn reg, gpucr_register_fn unreg)
+{
+    int n = 0, rc = 0;
+    struct stat st;
+    pthread_mutex_lock(&grow_mu);
+    pthread_mutex_lock(&mu);
+    double t0 = gpucr_now();
+    for (int i = 0; i < nsegs && rc == 0 && tmpfile_ok == 1; i++) {
+        struct seg *s = &segs[i];
+        if (s->detached || s->tmpfile || !own_fd(s, &st) || st.st_nlink > 0)
+            continue;
+        if (!hugetlb && gpucr_mem_room_for(s->size, NULL, 0) != 0) {
+            errno = ENOMEM;
+            rc = -1;
+        } else if ((rc = refile(s, unreg)) == 0)
+            n++;
+    }
+    if (n && reg && register_pending(reg) < 0)
+        rc = -1;
+    setup_s += gpucr_now() - t0;
+    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&grow_mu);
+    return rc ? -1 : n;
+}
+
+int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg, gpucr_register_fn unreg)
 {
     pthread_mutex_lock(&grow_mu);
     pthread_mutex_lock(&mu);
-    int rc = place_locked(sizes, n, out, reg);
+    int rc = refile_linked(unreg);
+    if (rc == 0)
+        rc = place_locked(sizes, n, out, reg);
     pthread_mutex_unlock(&mu);
     pthread_mutex_unlock(&grow_mu);
     return rc;
@@ -485,7 +686,7 @@ int gpucr_arena_detach(gpucr_register_fn unreg)
             }
             s->registered = 0;
         }
-        if (mmap(s->base, s->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+        if (reserve(s->base, s->size) != 0)
             rc = -1;
         else {
             s->detached = 1;
@@ -538,9 +739,9 @@ int gpucr_arena_attach(gpucr_register_fn reg)
  * driver restored the rest of the process) hands them over: fds[k] is the k-th
  * detached segment's file, of that segment's size, mapped at its range instead
  * of a new file, so its pages hold the data already. Every descriptor is taken
- * (kept for the copy helper, else closed). -1 with errno, nothing attached, when
- * they do not match the detached segments one for one. */
-int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n)
+ * (kept as the segment's file, like one made here). -1 with errno, nothing
+ * attached, when they do not match the detached segments one for one. */
+int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n, int linkable)
 {
     int rc = 0, k = 0, kept = 0; /* fds[0..kept) went to segments */
     gpucr_numa_reset(NULL);
@@ -573,13 +774,8 @@ int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n)
             break;
         }
         s->detached = 0;
-        s->path[0] = 0;
-        seq++;
-        if (keep_fds) {
-            s->fd = fd;
-            s->gen = seq;
-            kept++;
-        }
+        take_fd(s, fd, linkable); /* else linkable only while linked (gpucr_arena_segment_file) */
+        kept++;
         if ((rc = register_segment(s, reg)) != 0)
             break;
     }
@@ -616,12 +812,9 @@ void gpucr_arena_after_fork_child(void)
     setup_s = 0;
 }
 
-void gpucr_arena_keep_fds(void)
-{
-    pthread_mutex_lock(&mu);
-    keep_fds = 1;
-    pthread_mutex_unlock(&mu);
-}
+/* Every mapped segment keeps its descriptor now (the agent may link its file):
+ * nothing is left to ask for. */
+void gpucr_arena_keep_fds(void) {}
 
 int gpucr_arena_locate(const void *host, int *seg, size_t *offset)
 {
@@ -651,12 +844,31 @@ size_t gpucr_arena_bounds(int i, uintptr_t *base)
 
 int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen)
 {
+    struct stat st;
     int rc = -1;
     pthread_mutex_lock(&mu);
-    if (i >= 0 && i < nsegs && segs[i].fd >= 0 && !segs[i].detached) {
+    if (i >= 0 && i < nsegs && !segs[i].detached && own_fd(&segs[i], &st)) {
         *fd = segs[i].fd;
         *size = segs[i].size;
         *gen = segs[i].gen;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
+
+int gpucr_arena_segment_file(int i, int *fd, int *linkable)
+{
+    struct stat st;
+    int rc = -1;
+    *fd = -1;
+    *linkable = 0;
+    pthread_mutex_lock(&mu);
+    if (i >= 0 && i < nsegs && !segs[i].detached && own_fd(&segs[i], &st)) {
+        *fd = segs[i].fd;
+        /* A file with a name may always get another; one without, only if it
+         * was made with O_TMPFILE (and never linked: not to be told here). */
+        *linkable = segs[i].tmpfile || st.st_nlink > 0;
         rc = 0;
     }
     pthread_mutex_unlock(&mu);

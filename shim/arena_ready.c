@@ -5,7 +5,9 @@
  *   SIZE  create and pre-fault SIZE bytes at start-up (`gpucr-hpc run --arena-size`);
  *   auto  follow the GPU footprint: whenever the tracked GPU memory no longer
  *         fits in the arena, grow it in the background (a Slurm job has no
- *         size to give; plugstack arena_prealloc=auto).
+ *         size to give; plugstack arena_prealloc=auto); and give segments a
+ *         restore mapped from a drained stage folder new files
+ *         (gpucr_arena_refresh), so the next preemption need not copy them.
  *
  * Once the program has a CUDA context: the staging ring (or the pinned arena,
  * GPUCR_ARENA_PIN), and with a copy helper (GPUCR_COPY_HELPER) each new
@@ -112,6 +114,16 @@ static void follow(int helper_rc)
         usleep(POLL_US);
         if (!gpucr_checkpoint_running() || gpucr_arena_detached())
             continue; /* the arena is in use */
+        /* a restore that mapped the arena from a stage folder left files that can
+         * never be linked again: new ones, for the next preemption (arena.c) */
+        double r0 = gpucr_now();
+        int fresh = gpucr_pin_arena ? 0 : gpucr_arena_refresh(NULL, NULL);
+        if (fresh > 0) {
+            double helper_secs = 0;
+            if (gpucr_helper_enabled())
+                helper_rc = share_with_helper(0, &helper_secs);
+            tell("given new files after a restore", gpucr_now() - r0, 0, helper_rc, helper_secs);
+        }
         double now = gpucr_now();
         if (now < helper_tried) /* restored on another machine: its clock */
             helper_tried = now - HELPER_RETRY_S - 1;

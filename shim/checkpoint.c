@@ -12,7 +12,8 @@
  * host address), the checkpoint reply also the UUIDs of the GPUs the process
  * sees ("device_uuids", by ordinal); whole-process migration saves them from
  * there (store/gpu_data.py) and takes the arena out of the address space around the
- * CRIU dump (arena_detach / arena_attach, arena.c). */
+ * CRIU dump (arena_detach / arena_attach, arena.c). A preempted job's agent
+ * keeps the arena's pages on the node without copying them (arena_files). */
 #include <errno.h>
 #include <stdio.h>
 #include <pthread.h>
@@ -86,6 +87,12 @@ static void jb_data_path(struct jbuf *out, const struct gpucr_xfer *x)
 int gpucr_host_register(void *base, size_t size)
 {
     return gpucr_drv.cuMemHostRegister_v2(base, size, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS ? 0 : -1;
+}
+
+static int host_unregister(void *base, size_t size)
+{
+    (void)size;
+    return gpucr_drv.cuMemHostUnregister(base) == CUDA_SUCCESS ? 0 : -1;
 }
 
 int gpucr_checkpoint_running(void) { return __atomic_load_n(&state, __ATOMIC_RELAXED) == ST_RUNNING; }
@@ -455,7 +462,8 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
         fail = "out of host memory";
     if (!fail && w.n) {
         gpucr_use_ctx(w.p[0]->ctx);
-        if (gpucr_arena_place(sizes, w.n, hosts, gpucr_pin_arena ? gpucr_host_register : NULL) != 0)
+        if (gpucr_arena_place(sizes, w.n, hosts, gpucr_pin_arena ? gpucr_host_register : NULL,
+                              gpucr_pin_arena ? host_unregister : NULL) != 0)
             fail = *gpucr_arena_error() ? gpucr_arena_error()
                                          : "the host arena could not grow (out of shared memory or huge pages?)";
     }
@@ -603,12 +611,6 @@ void gpucr_cmd_prefill(struct jbuf *out)
 
 /* ---- migration: the arena out of the address space and back -------------- */
 
-static int host_unregister(void *base, size_t size)
-{
-    (void)size;
-    return gpucr_drv.cuMemHostUnregister(base) == CUDA_SUCCESS ? 0 : -1;
-}
-
 CUcontext gpucr_any_context(void)
 {
     CUcontext ctx = NULL;
@@ -647,6 +649,51 @@ void gpucr_cmd_staging_drop(struct jbuf *out)
     jb_end(out);
 }
 
+/* "segment_ranges": [[base, size], ...] of the first n arena segments */
+static void put_segment_ranges(struct jbuf *out, int n)
+{
+    jb_key_arr(out, "segment_ranges");
+    for (int i = 0; i < n; i++) {
+        uintptr_t base = 0;
+        size_t size = gpucr_arena_bounds(i, &base);
+        jb_arr_begin(out);
+        jb_elem_u64(out, base);
+        jb_elem_u64(out, size);
+        jb_arr_end(out);
+    }
+    jb_arr_end(out);
+}
+
+/* At a preemption, after the checkpoint: the agent keeps the arena's pages
+ * without copying them, by linking each segment's file into a node-local stage
+ * folder (linkat of /proc/<pid>/fd/<fd>, AT_SYMLINK_FOLLOW) before the process
+ * ends. Changes nothing; a later checkpoint writes into new files instead
+ * (gpucr_arena_place). fd -1: that segment has none to link. */
+void gpucr_cmd_arena_files(struct jbuf *out)
+{
+    int fds[GPUCR_ARENA_MAX_SEGS], linkable[GPUCR_ARENA_MAX_SEGS];
+    if (state != ST_CHECKPOINTED || !state_cuda)
+        return err(out, "not checkpointed with GPU data: no arena files to hand over");
+    if (gpucr_arena_detached())
+        return err(out, "the arena is detached: its files are gone");
+    int n = gpucr_arena_segments(); /* no growth while checkpointed (arena_ready.c) */
+    for (int i = 0; i < n; i++)
+        gpucr_arena_segment_file(i, &fds[i], &linkable[i]);
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_str(out, "arena_dir", gpucr_arena_dir());
+    jb_key_arr(out, "segment_fds");
+    for (int i = 0; i < n; i++)
+        jb_elem_i64(out, fds[i]);
+    jb_arr_end(out);
+    jb_key_arr(out, "segment_linkable");
+    for (int i = 0; i < n; i++)
+        jb_elem_bool(out, linkable[i]);
+    jb_arr_end(out);
+    put_segment_ranges(out, n);
+    jb_end(out);
+}
+
 /* After the agent saved the blobs. A pinned arena is unregistered first, which
  * needs CUDA (so: before the driver checkpoint); an unpinned one needs no CUDA
  * call, and may go after it, while the driver holds the process locked. */
@@ -674,16 +721,7 @@ void gpucr_cmd_arena_detach(struct jbuf *out)
     jb_u64(out, "arena_bytes", gpucr_arena_capacity());
     /* what a restore needs to fill the segments' files ahead (arena_attach) */
     jb_str(out, "arena_dir", gpucr_arena_dir());
-    jb_key_arr(out, "segment_ranges");
-    for (int i = 0; i < gpucr_arena_segments(); i++) {
-        uintptr_t base = 0;
-        size_t size = gpucr_arena_bounds(i, &base);
-        jb_arr_begin(out);
-        jb_elem_u64(out, base);
-        jb_elem_u64(out, size);
-        jb_arr_end(out);
-    }
-    jb_arr_end(out);
+    put_segment_ranges(out, gpucr_arena_segments());
     jb_f64(out, "detach_s", gpucr_now() - t0);
     jb_end(out);
 }
@@ -691,7 +729,7 @@ void gpucr_cmd_arena_detach(struct jbuf *out)
 /* After the driver restore (+ unlock), before the agent refills the blobs. With
  * descriptors, the agent filled the segments' files ahead: they are mapped as
  * they are ("filled": true), and the blobs need no refill. */
-void gpucr_cmd_arena_attach(struct jbuf *out)
+void gpucr_cmd_arena_attach(int linkable, struct jbuf *out)
 {
     char why[200];
     int fds[GPUCR_ARENA_MAX_SEGS];
@@ -712,7 +750,7 @@ void gpucr_cmd_arena_attach(struct jbuf *out)
         return err(out, why);
     }
     gpucr_register_fn reg = gpucr_pin_arena ? gpucr_host_register : NULL;
-    if (nfds > 0 && gpucr_arena_attach_files(reg, fds, nfds) != 0) {
+    if (nfds > 0 && gpucr_arena_attach_files(reg, fds, nfds, linkable) != 0) {
         snprintf(why, sizeof why, "mapping the arena's %d files filled ahead failed (%s)", nfds, strerror(errno));
         return err(out, why);
     }

@@ -150,6 +150,10 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
         pthread_mutex_lock(&gpucr_cmd_mu);
         gpucr_cmd_arena_detach(out);
         pthread_mutex_unlock(&gpucr_cmd_mu);
+    } else if (!strcmp(req.cmd, "arena_files")) {
+        pthread_mutex_lock(&gpucr_cmd_mu);
+        gpucr_cmd_arena_files(out);
+        pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "staging_drop")) {
         pthread_mutex_lock(&gpucr_cmd_mu);
         gpucr_cmd_staging_drop(out);
@@ -160,7 +164,7 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
         pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "arena_attach")) {
         pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_arena_attach(out);
+        gpucr_cmd_arena_attach(req.linkable, out);
         pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "ipc_fd")) {
         uint64_t size = 0;

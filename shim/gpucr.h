@@ -133,8 +133,12 @@ const char *gpucr_arena_dir(void);
 int gpucr_arena_is_hugetlb(void);
 /* Places n blobs (sizes[i]) in the arena, growing it by one segment when they do
  * not fit, and registering the new segment with reg (may be NULL). out[i] gets
- * the host address of blob i. Returns 0, or -1 with errno. */
-int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg);
+ * the host address of blob i. First every segment whose file is linked in a
+ * folder (staged: arena_files) gets a new file at the same range, unregistered
+ * with unreg before and registered with reg after (both NULL: not pinned), so
+ * the caller never writes into staged pages. Returns 0, or -1 with errno (and
+ * gpucr_arena_error saying why, when a linked segment had no room to move). */
+int gpucr_arena_place(const size_t *sizes, size_t n, void **out, gpucr_register_fn reg, gpucr_register_fn unreg);
 void gpucr_arena_reset(void); /* forget placements, keep capacity */
 /* One-time costs ahead of the first checkpoint: create and pre-fault capacity
  * (no driver needed), later register what is not yet registered. */
@@ -142,7 +146,8 @@ int gpucr_arena_prealloc(size_t size);
 /* A new segment of at least `more` bytes, created without blocking placements:
  * 0, or -1 with errno (EBUSY while detached, ENOSPC: no segment left). */
 int gpucr_arena_grow(size_t more);
-/* Why the last growth was refused for lack of room ("" when it was not). */
+/* Why the last growth (or a placement's new files for staged segments) was
+ * refused for lack of room ("" when it was not). */
 const char *gpucr_arena_error(void);
 /* Host memory this process may still take: its memory cgroups' limits and the
  * node's MemAvailable, the least (SIZE_MAX when none is known); `where` says
@@ -167,18 +172,29 @@ void gpucr_arena_destroy(gpucr_register_fn unreg); /* unmaps and unlinks */
 int gpucr_arena_detach(gpucr_register_fn unreg); /* 0, or -1 with errno */
 int gpucr_arena_attach(gpucr_register_fn reg);   /* 0, or -1 with errno */
 /* attach with the detached segments' files filled ahead, one per segment in
- * order; takes every descriptor. 0, or -1 with errno (EINVAL: they do not match). */
-int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n);
+ * order; takes every descriptor. 0, or -1 with errno (EINVAL: they do not match).
+ * linkable: the files were made with O_TMPFILE and never had a name, so a
+ * preemption may link them into a stage folder (arena_files). */
+int gpucr_arena_attach_files(gpucr_register_fn reg, const int *fds, int n, int linkable);
+/* While the program runs: segments whose files can never be linked again get
+ * new ones (arena_ready.c); how many, or -1 with errno. */
+int gpucr_arena_refresh(gpucr_register_fn reg, gpucr_register_fn unreg);
 int gpucr_arena_detached(void);                  /* segments detached now */
 void gpucr_arena_after_fork_child(void);
-/* The copy helper (helper.c) maps the segments too: from now on new segments
- * keep their descriptor open (closed when detached or destroyed). */
+/* The copy helper (helper.c) maps the segments too. Every mapped segment keeps
+ * its descriptor open anyway (closed when detached or destroyed, and in a
+ * forked child): this asks for nothing more. */
 void gpucr_arena_keep_fds(void);
 /* Which segment holds host, and where: 0, or -1 when it is not in the arena. */
 int gpucr_arena_locate(const void *host, int *seg, size_t *offset);
 /* Segment i's descriptor (still ours), size and generation (a new file each time
  * it is mapped): 0, or -1 when it has no open descriptor. */
 int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen);
+/* Segment i's file, for the agent to link into a stage folder (linkat of
+ * /proc/<pid>/fd/<fd>, AT_SYMLINK_FOLLOW): 0 with our descriptor and whether
+ * the kernel lets it be linked (made with O_TMPFILE, or linked somewhere now);
+ * -1 with *fd = -1 when it has none (no such segment, detached). */
+int gpucr_arena_segment_file(int i, int *fd, int *linkable);
 /* Segment i's range (detached or not): its size, 0 when there is no such segment. */
 size_t gpucr_arena_bounds(int i, uintptr_t *base);
 
@@ -209,6 +225,7 @@ struct gpucr_req {
     char cmd[32];
     long timeout_ms; /* -1 when absent */
     uint64_t id;     /* "id" of ipc_fd requests; 0 when absent */
+    int linkable;    /* "linkable": true of arena_attach: its files may be linked */
 };
 int gpucr_req_parse(const char *line, struct gpucr_req *req); /* 0 ok, -1 bad */
 
@@ -235,7 +252,8 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out); /* enum gpucr_outco
 int gpucr_cmd_restore(struct jbuf *out);                    /* enum gpucr_outcome */
 void gpucr_cmd_arena_detach(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_staging_drop(struct jbuf *out); /* migration: see checkpoint.c */
-void gpucr_cmd_arena_attach(struct jbuf *out);
+void gpucr_cmd_arena_attach(int linkable, struct jbuf *out); /* linkable: see gpucr_arena_attach_files */
+void gpucr_cmd_arena_files(struct jbuf *out);  /* preemption: see checkpoint.c */
 /* The descriptors that came with the request being answered (SCM_RIGHTS), taken
  * by the caller: their number, or -1 when more came than `max` or than fit. */
 int gpucr_control_take_fds(int *out, int max);

@@ -507,3 +507,9 @@ void jb_elem_i64(struct jbuf *j, int64_t v)
     sep(j);
     put(j, "%" PRId64, v);
 }
+
+void jb_elem_bool(struct jbuf *j, int v)
+{
+    sep(j);
+    put(j, "%s", v ? "true" : "false");
+}

@@ -86,5 +86,6 @@ void jb_arr_end(struct jbuf *j);                  /* ] */
 void jb_elem_str(struct jbuf *j, const char *val);
 void jb_elem_u64(struct jbuf *j, uint64_t val);
 void jb_elem_i64(struct jbuf *j, int64_t val);
+void jb_elem_bool(struct jbuf *j, int val);
 
 #endif

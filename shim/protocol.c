@@ -35,6 +35,9 @@ int gpucr_req_parse(const char *line, struct gpucr_req *req)
                 req->id = (uint64_t)v;
             break;
         case JSON_TRUE:
+            if (!strcmp(key, "linkable"))
+                req->linkable = 1;
+            break;
         case JSON_FALSE:
         case JSON_NULL:
             break;

@@ -88,6 +88,7 @@ def test_the_arena_is_filled_at_the_placements_its_image_records(saved, node_mem
         for fd, (_, size) in zip(filled.fds, segments):
             assert os.fstat(fd).st_size == size and os.fstat(fd).st_blocks * 512 >= size  # every page in
         assert os.listdir(arena_dir) == []  # no name: nothing left however the restore ends
+        assert filled.linkable  # O_TMPFILE: a preemption of the restored job may link them, no copy
     finally:
         filled.close()
 

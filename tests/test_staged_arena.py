@@ -115,6 +115,7 @@ def test_a_restore_on_the_node_opens_the_arena_files_instead_of_filling(staged):
     filled = fill.take(7)
     try:
         assert filled is not None and filled.bytes == sum(b.size for b in blobs)
+        assert filled.kept and not filled.linkable  # named in the stage: the shim moves off them later
         assert [os.fstat(fd).st_ino for fd in filled.fds] == [(unit / f).stat().st_ino for f, _, _ in segments]
         assert {(b.handle, b.host) for b in filled.blobs} == {(b.handle, b.host) for b in blobs}
     finally:

@@ -65,6 +65,7 @@ class Filled:
     bytes: int
     fill_s: float
     kept: bool = False  # the checkpoint's own arena files, left in node memory (adopt)
+    linkable: bool = False  # made with O_TMPFILE, never named: a preemption may link them
 
     def close(self) -> None:
         for fd in self.fds:
@@ -91,22 +92,24 @@ def usable(rec: dict) -> str | None:
     return None
 
 
-def _nameless_file(directory: str, size: int) -> int:
+def _nameless_file(directory: str, size: int) -> tuple[int, bool]:
     """A file of `size` bytes in directory that no name leads to: gone with its last
-    descriptor and mapping, however the restore ends."""
+    descriptor and mapping, however the restore ends; and whether it was made with
+    O_TMPFILE (a name may still be given to it: a preemption's link, no copy)."""
     try:
-        fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        fd, linkable = os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600), True
     except OSError as e:
         if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
             raise Unavailable(f"cannot make a file in {directory}: {e.strerror}") from e
         fd, name = tempfile.mkstemp(prefix="gpucr-arena-fill-", dir=directory)
         os.unlink(name)
+        linkable = False
     try:
         os.ftruncate(fd, size)
     except OSError as e:
         os.close(fd)
         raise Unavailable(f"cannot size a file in {directory}: {e.strerror}") from e
-    return fd
+    return fd, linkable
 
 
 def _fault_in(addrs: list[int], sizes: list[int]) -> None:
@@ -139,9 +142,12 @@ def fill(h5: Path, segments: list[tuple[int, int]], directory: str, cancelled: t
     bases = [segments[k][0] for k in by_address]
     fds: list[int] = []
     maps: list[mmap.mmap] = []
+    linkable = True
     try:
         for size in sizes:
-            fds.append(_nameless_file(directory, size))
+            fd, tmpfile = _nameless_file(directory, size)
+            fds.append(fd)
+            linkable &= tmpfile
             maps.append(mmap.mmap(fds[-1], size))
         addrs = []
         for mm in maps:
@@ -170,7 +176,7 @@ def fill(h5: Path, segments: list[tuple[int, int]], directory: str, cancelled: t
     finally:
         for mm in maps:
             mm.close()  # the pages stay in the files
-    return Filled(fds=fds, blobs=blobs, bytes=rep["bytes"], fill_s=time.monotonic() - t0)
+    return Filled(fds=fds, blobs=blobs, bytes=rep["bytes"], fill_s=time.monotonic() - t0, linkable=linkable)
 
 
 def adopt(image_dir: Path, entry: dict, segments: list[tuple[int, int]]) -> Filled:

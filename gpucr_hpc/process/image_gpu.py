@@ -208,8 +208,12 @@ class GpuCheckpoint:
         names = [image_store.arena_name(pid, k) for k in range(len(r.segment_fds))]
         try:
             folder.mkdir(mode=0o700)
-            for name, fd in zip(names, r.segment_fds):
-                os.link(f"/proc/{pid}/fd/{fd}", self.dir / name)  # linkat, following the magic link
+            into = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+            try:  # with a dir fd, os.link is linkat(AT_SYMLINK_FOLLOW): it follows the magic link
+                for name, fd in zip(names, r.segment_fds):
+                    os.link(f"/proc/{pid}/fd/{fd}", Path(name).name, dst_dir_fd=into)
+            finally:
+                os.close(into)
             rep = gpu_data.save_layout(self.dir / layout, pid, blobs, attrs=attrs)
         except OSError as e:
             shutil.rmtree(folder, ignore_errors=True)
@@ -265,7 +269,9 @@ def _refill(rec: dict, pid: int, image_dir: Path, m: dict | None = None, filled=
     c = _client(pid, rec["socket"])
     if filled is not None:
         try:
-            r = _ok(c.request(ARENA_ATTACH, timeout=600.0, fds=filled.fds), pid, "mapping the arena filled ahead")
+            more = {"linkable": True} if filled.linkable else {}  # the shim may hand them to a stage as they are
+            r = _ok(c.request(ARENA_ATTACH, timeout=600.0, fds=filled.fds, **more), pid,
+                    "mapping the arena filled ahead")
         finally:
             filled.close()  # the shim holds its own copies now
         if r.filled:

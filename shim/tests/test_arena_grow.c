@@ -29,7 +29,7 @@ int main(void)
     CHECK(gpucr_arena_shortfall(too_big, 2) == 20 * MIB); /* 20 fits in none of them, 4 does */
     CHECK(gpucr_arena_used() == 0); /* a dry run */
     void *out[3];
-    CHECK(gpucr_arena_place(fits, 3, out, NULL) == 0);
+    CHECK(gpucr_arena_place(fits, 3, out, NULL, NULL) == 0);
     CHECK(gpucr_arena_segments() == 3); /* packed, not grown */
     for (int i = 0; i < 3; i++)
         memset(out[i], 'a' + i, fits[i]);
@@ -40,9 +40,9 @@ int main(void)
     gpucr_arena_reset();
     size_t unchanged[2] = {4 * MIB, 2 * MIB};
     void *first[2], *again[2];
-    CHECK(gpucr_arena_place(unchanged, 2, first, NULL) == 0);
+    CHECK(gpucr_arena_place(unchanged, 2, first, NULL, NULL) == 0);
     gpucr_arena_reset();
-    CHECK(gpucr_arena_place(unchanged, 2, again, NULL) == 0);
+    CHECK(gpucr_arena_place(unchanged, 2, again, NULL, NULL) == 0);
     CHECK(first[0] == again[0] && first[1] == again[1]);
     PASS("an unchanged footprint keeps its places");
 

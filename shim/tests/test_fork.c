@@ -13,7 +13,7 @@ int main(void)
     CHECK(mkdtemp(dir) && gpucr_arena_configure(dir) == 0);
     size_t sz = 1 << 20;
     void *blob;
-    CHECK(gpucr_arena_place(&sz, 1, &blob, NULL) == 0);
+    CHECK(gpucr_arena_place(&sz, 1, &blob, NULL, NULL) == 0);
     memset(blob, 'P', sz);
     gpucr_table_lock();
     CHECK(gpucr_phys_add(0x1234, 2 << 20));
@@ -33,7 +33,7 @@ int main(void)
         gpucr_table_unlock();
         CHECK(gpucr_arena_capacity() == 0);
         void *mine;
-        CHECK(gpucr_arena_place(&sz, 1, &mine, NULL) == 0);
+        CHECK(gpucr_arena_place(&sz, 1, &mine, NULL, NULL) == 0);
         memset(mine, 'C', sz); /* its own segment: the parent's data stays */
         gpucr_arena_destroy(NULL);
         _exit(0);

@@ -208,6 +208,14 @@ int main(void)
     jb_bool(&j, "keep", 1);
     jb_end(&j);
     CHECK(j.overflow && !strcmp(tiny, "{\"cmd\": \"in_done\", ")); /* nothing after what did not fit */
+    jb_init_fixed(&j, buf, sizeof buf);
+    jb_begin(&j);
+    jb_key_arr(&j, "segment_linkable");
+    jb_elem_bool(&j, 1);
+    jb_elem_bool(&j, 0);
+    jb_arr_end(&j);
+    jb_end(&j);
+    CHECK(!j.overflow && !strcmp(buf, "{\"segment_linkable\": [true, false]}"));
     PASS("json writer arrays and fixed buffers");
     return 0;
 }

@@ -2,8 +2,11 @@
  * cgroup limit of the process, read from a cgroup tree made here (v1 and v2
  * files alike, under GPUCR_CGROUP_ROOT) for the process's own cgroup paths; an
  * arena growth that would not fit is refused with the reason, and nothing is
- * added. */
+ * added; so are the new files a placement needs for segments staged in a
+ * folder (arena_files). */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,5 +93,27 @@ int main(void)
     PASS("an arena growth without room is refused, nothing added; one with room goes on");
     gpucr_arena_reset();
     rmdir(dir);
+
+    char shm[] = "/dev/shm/gpucr-arena-room-test-XXXXXX", proc[64], staged[128];
+    int fd, fd2, linkable;
+    CHECK(mkdtemp(shm) && gpucr_arena_configure(shm) == 0);
+    CHECK(gpucr_arena_grow(8 * MIB) == 0 && gpucr_arena_segments() == 2);
+    CHECK(gpucr_arena_segment_file(1, &fd, &linkable) == 0 && linkable);
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    snprintf(staged, sizeof staged, "%s/staged", shm);
+    CHECK(linkat(AT_FDCWD, proc, AT_FDCWD, staged, AT_SYMLINK_FOLLOW) == 0);
+    fake_tree(root, 100 * MIB);
+    size_t size = MIB;
+    void *blob;
+    CHECK(gpucr_arena_place(&size, 1, &blob, NULL, NULL) == -1 && errno == ENOMEM);
+    CHECK(strstr(gpucr_arena_error(), "staged") && strstr(gpucr_arena_error(), "does not fit"));
+    CHECK(gpucr_arena_segment_file(1, &fd2, &linkable) == 0 && fd2 == fd && gpucr_arena_segments() == 2);
+    fake_tree(root, 1024 * MIB);
+    CHECK(gpucr_arena_place(&size, 1, &blob, NULL, NULL) == 0 && *gpucr_arena_error() == '\0');
+    CHECK(gpucr_arena_segment_file(1, &fd2, &linkable) == 0 && fd2 != fd && gpucr_arena_segments() == 2);
+    PASS("a staged segment's new file without room is refused with the reason, the segment kept");
+    unlink(staged);
+    gpucr_arena_destroy(NULL);
+    rmdir(shm);
     return 0;
 }

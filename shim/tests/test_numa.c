@@ -161,7 +161,7 @@ static void test_placement(const cpu_set_t *allowed, int first)
     void *out[1];
     size_t size = 1 << 20;
     CHECK(gpucr_arena_configure(NULL) == 0);
-    CHECK(gpucr_arena_place(&size, 1, out, NULL) == 0);
+    CHECK(gpucr_arena_place(&size, 1, out, NULL, NULL) == 0);
     CHECK(policy(out[0], &m) == MPOL_PREFERRED && m == 1 && page_node(out[0]) == 0);
     gpucr_arena_destroy(NULL);
 

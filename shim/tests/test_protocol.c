@@ -75,6 +75,9 @@ int main(void)
     gpucr_control_dispatch("{\"cmd\":\"ipc_fd\",\"id\":7}", &j); /* the stub has no exports */
     CHECK(json_find(j.buf, "ok", &v) == 1 && v.type == JSON_FALSE);
     CHECK(json_find(j.buf, "error", &v) == 1 && json_string(&v, err, sizeof err) > 0 && !strncmp(err, "no such IPC export", 18));
+    j.len = 0;
+    gpucr_control_dispatch("{\"cmd\":\"arena_files\"}", &j); /* a command (the stub's answer) */
+    CHECK(json_find(j.buf, "ok", &v) == 1 && v.type == JSON_TRUE && json_find(j.buf, "error", &v) == 0);
     jb_free(&j);
     PASS("dispatch");
     return 0;
