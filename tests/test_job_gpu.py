@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slurm, pytest.mark.criu]
 
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = REPO / "tests" / "shim_workloads" / "train_torch.py"
-STEPS, BALLAST_GIB, PACE, AT = 240, 2.0, 0.08, 40
+STEPS, BALLAST_GIB, PACE, AT = 400, 2.0, 0.08, 40  # steps: three preemptions and a drain beside
 ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}  # deterministic cuBLAS, as the reference
 RESULTS = Path(os.environ.get("GPUCR_RESULTS_DIR") or "/tmp") / "job-gpu-slurm.json"
 

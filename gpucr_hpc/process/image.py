@@ -183,8 +183,9 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
             node = node_gpus() or {}
             m["vendor"] = node.get("vendor") or "nvidia"
             m["gpu"] = {k: node.get(k) for k in ("model", "models", "uuids", "driver_version")}
+            # the tree ends (now, or a preemption's requeue ends it yielded): its arena may stay
             gpu = image_gpu.GpuCheckpoint(pid, writer.path, timeout_ms, run_dir, hashed=checksums,
-                                          hand_over=not leave_running)
+                                          hand_over=not leave_running or stay_yielded)
             gpu.run()
             gpu_active = True
             timings.update({f"gpu_{k}": v for k, v in gpu.timings.items()})

@@ -310,12 +310,18 @@ def _placements(blobs) -> set[tuple[int, int, int]]:
 def resume_held(image_dir: Path) -> dict:
     """Bring the GPU state back into a tree that a checkpoint left running with its
     GPU yielded (image.checkpoint_to stay_yielded): its processes are the image's own."""
+    from gpucr_hpc.process import arena_fill
+
     m = mf.load(image_dir)
-    pids = [r["pid"] for r in m.get("gpu_processes") or []]
-    gone = [p for p in pids if not criu_mod.is_alive(p)]
+    recs = m.get("gpu_processes") or []
+    gone = [r["pid"] for r in recs if not criu_mod.is_alive(r["pid"])]
     if gone:
         raise GpucrError(f"process {gone[0]} of {image_dir} is gone", "restore the job from its image instead")
-    return restore_gpu(m, image_dir, {p: p for p in pids})
+    fill = arena_fill.ArenaFill(m, image_dir, check=False)  # an arena kept in node memory maps back as it is
+    try:
+        return restore_gpu(m, image_dir, {image_pid(r): r["pid"] for r in recs}, fill=fill)
+    finally:
+        fill.close()
 
 
 # -- restore ----------------------------------------------------------------------
