@@ -220,7 +220,8 @@ def preempt_figures(result: dict) -> dict:
             "checkpoint_total_s": round(result.get("total_s", 0), 3),
             "requeue_s": round(result.get("requeue_s", 0), 3),
             "units": {u["name"]: {k: round(v, 3) for k, v in u["timings"].items() if k.endswith(("_s", "MBps"))}
-                      for u in units if "timings" in u}}
+                      for u in units if "timings" in u},
+            "arena_copied": {u["name"]: u["arena_copied"] for u in units if u.get("arena_copied")}}
 
 
 def shim_status(cluster, jobid) -> list[dict]:

@@ -97,6 +97,7 @@ def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded:
     return {**unit.as_dict(), "bytes": rep["bytes"], "timings": rep["timings"], "gpu_held": rep["gpu_held"],
             "saved_output": saved, "saved_script": script, "stdio": stdio_of(unit.pid), "nccl": nccl,
             **({"staged": True} if stage else {}),
+            **({"arena_copied": rep["arena_copied"]} if rep.get("arena_copied") else {}),  # why not kept as is
             **({"tcp": {k: v for k, v in tcp.items() if k != "lock"}} if tcp else {})}
 
 

@@ -266,6 +266,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
     return {"image": str(to_dir), "pid": pid, "pids": tree, "bytes": total,
             "gpu_bytes": m["gpu_bytes"], "criu_bytes": m["criu"]["bytes"],
             "leave_running": leave_running, "gpu_held": m["process"]["gpu_held"], "staged": stage is not None,
+            "arena_copied": {r["pid"]: r["arena_copied"] for r in m["gpu_processes"] if r.get("arena_copied")},
             "persist_MBps": total / timings["persist_s"] / 1e6 if timings["persist_s"] else None,
             "timings": timings}
 
