@@ -857,6 +857,46 @@ int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen)
     return rc;
 }
 
+/* Every segment's file linked into the folder `into` as "0", "1", ... in
+ * segment order, from here: this process's mounts are the ones its files are
+ * on (a restored process may have a mount namespace of its own, where the
+ * agent's link would cross mounts: EXDEV). All or none: 0, or -1 with errno
+ * and nothing left in the folder. */
+int gpucr_arena_link_into(const char *into)
+{
+    int rc = 0, done = 0, e = 0;
+    int dfd = open(into, O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+    if (dfd < 0)
+        return -1;
+    pthread_mutex_lock(&mu);
+    for (int i = 0; i < nsegs && rc == 0; i++, done++) {
+        struct stat st;
+        char proc[64], name[16];
+        if (segs[i].detached || !own_fd(&segs[i], &st)) {
+            e = EBADF;
+            rc = -1;
+            break;
+        }
+        snprintf(proc, sizeof proc, "/proc/self/fd/%d", segs[i].fd);
+        snprintf(name, sizeof name, "%d", i);
+        if (linkat(AT_FDCWD, proc, dfd, name, AT_SYMLINK_FOLLOW) != 0) {
+            e = errno;
+            rc = -1;
+            break;
+        }
+    }
+    for (int i = 0; rc && i < done; i++) { /* none: what was linked goes */
+        char name[16];
+        snprintf(name, sizeof name, "%d", i);
+        unlinkat(dfd, name, 0);
+    }
+    pthread_mutex_unlock(&mu);
+    close(dfd);
+    if (rc)
+        errno = e;
+    return rc;
+}
+
 int gpucr_arena_segment_file(int i, int *fd, int *linkable)
 {
     struct stat st;

@@ -669,9 +669,11 @@ static void put_segment_ranges(struct jbuf *out, int n)
  * folder (linkat of /proc/<pid>/fd/<fd>, AT_SYMLINK_FOLLOW) before the process
  * ends. Changes nothing; a later checkpoint writes into new files instead
  * (gpucr_arena_place). fd -1: that segment has none to link. */
-void gpucr_cmd_arena_files(struct jbuf *out)
+void gpucr_cmd_arena_files(const char *line, struct jbuf *out)
 {
     int fds[GPUCR_ARENA_MAX_SEGS], linkable[GPUCR_ARENA_MAX_SEGS];
+    char into[4096] = "", why[4300];
+    struct json_value v;
     if (state != ST_CHECKPOINTED || !state_cuda)
         return err(out, "not checkpointed with GPU data: no arena files to hand over");
     if (gpucr_arena_detached())
@@ -679,8 +681,19 @@ void gpucr_cmd_arena_files(struct jbuf *out)
     int n = gpucr_arena_segments(); /* no growth while checkpointed (arena_ready.c) */
     for (int i = 0; i < n; i++)
         gpucr_arena_segment_file(i, &fds[i], &linkable[i]);
+    /* "into": the shim links them there itself, in its own mount namespace */
+    if (json_find(line, "into", &v) == 1 && v.type == JSON_STRING) {
+        long len = json_string(&v, into, sizeof into);
+        if (len <= 0 || (size_t)len >= sizeof into)
+            return err(out, "arena_files: \"into\" is not a folder's path");
+        if (gpucr_arena_link_into(into) != 0) {
+            snprintf(why, sizeof why, "linking the arena's files into %s failed (%s)", into, strerror(errno));
+            return err(out, why);
+        }
+    }
     jb_begin(out);
     jb_bool(out, "ok", 1);
+    jb_bool(out, "linked", into[0] != 0);
     jb_str(out, "arena_dir", gpucr_arena_dir());
     jb_key_arr(out, "segment_fds");
     for (int i = 0; i < n; i++)

@@ -152,7 +152,7 @@ void gpucr_control_dispatch(const char *line, struct jbuf *out)
         pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "arena_files")) {
         pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_arena_files(out);
+        gpucr_cmd_arena_files(line, out);
         pthread_mutex_unlock(&gpucr_cmd_mu);
     } else if (!strcmp(req.cmd, "staging_drop")) {
         pthread_mutex_lock(&gpucr_cmd_mu);

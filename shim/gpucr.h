@@ -195,6 +195,9 @@ int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen);
  * the kernel lets it be linked (made with O_TMPFILE, or linked somewhere now);
  * -1 with *fd = -1 when it has none (no such segment, detached). */
 int gpucr_arena_segment_file(int i, int *fd, int *linkable);
+/* Every segment's file linked into the folder `into` as "0", "1", ... (all or
+ * none): 0, or -1 with errno. */
+int gpucr_arena_link_into(const char *into);
 /* Segment i's range (detached or not): its size, 0 when there is no such segment. */
 size_t gpucr_arena_bounds(int i, uintptr_t *base);
 
@@ -253,7 +256,7 @@ int gpucr_cmd_restore(struct jbuf *out);                    /* enum gpucr_outcom
 void gpucr_cmd_arena_detach(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_staging_drop(struct jbuf *out); /* migration: see checkpoint.c */
 void gpucr_cmd_arena_attach(int linkable, struct jbuf *out); /* linkable: see gpucr_arena_attach_files */
-void gpucr_cmd_arena_files(struct jbuf *out);  /* preemption: see checkpoint.c */
+void gpucr_cmd_arena_files(const char *line, struct jbuf *out);  /* preemption: see checkpoint.c */
 /* The descriptors that came with the request being answered (SCM_RIGHTS), taken
  * by the caller: their number, or -1 when more came than `max` or than fit. */
 int gpucr_control_take_fds(int *out, int max);

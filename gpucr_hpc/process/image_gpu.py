@@ -196,29 +196,26 @@ class GpuCheckpoint:
 
     def _keep_arena(self, pid: int, rel: str, blobs: list, attrs: dict, rec: dict) -> str | None:
         """The process's arena linked into the image, as its own files, beside the
-        metadata of the .h5 file `rel` (store/files.py): no byte is copied. None when
-        done; else why not, with nothing left behind (the caller copies instead)."""
-        r = ShimClient(pid, self.run_dir).request(ARENA_FILES)
-        if not r.ok:
-            return f"the shim did not hand its arena over: {r.error or 'no reason given'}"
-        if not r.segment_fds or len(r.segment_fds) != len(r.segment_ranges) or not all(r.segment_linkable):
-            return f"the arena's files in {r.arena_dir or 'its directory'} cannot be linked"
+        metadata of the .h5 file `rel` (store/files.py): no byte is copied. The shim
+        links them (arena_files "into"): a restored process may have mounts of its
+        own, across which our link would fail. None when done; else why not, with
+        nothing left behind (the caller copies instead)."""
         layout = image_store.layout_name(pid)
         folder = self.dir / Path(image_store.arena_name(pid, 0)).parent
-        names = [image_store.arena_name(pid, k) for k in range(len(r.segment_fds))]
         try:
             folder.mkdir(mode=0o700)
-            into = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-            try:  # with a dir fd, os.link is linkat(AT_SYMLINK_FOLLOW): it follows the magic link
-                for name, fd in zip(names, r.segment_fds):
-                    os.link(f"/proc/{pid}/fd/{fd}", Path(name).name, dst_dir_fd=into)
-            finally:
-                os.close(into)
+            if os.geteuid() == 0:  # the process's own user links into it
+                os.chown(folder, criu_mod.owner_uid(pid), -1)
+            r = ShimClient(pid, self.run_dir).request(ARENA_FILES, into=str(folder))
+            if not r.ok or not r.linked or len(r.segment_ranges) != len(list(folder.iterdir())):
+                shutil.rmtree(folder, ignore_errors=True)
+                return f"the shim did not hand its arena over: {r.error or 'it linked no files'}"
             rep = gpu_data.save_layout(self.dir / layout, pid, blobs, attrs=attrs)
         except OSError as e:
             shutil.rmtree(folder, ignore_errors=True)
             (self.dir / layout).unlink(missing_ok=True)
-            return f"linking the arena's files into {self.dir} failed: {e.strerror or e}"
+            return f"keeping the arena's files in {self.dir} failed: {e.strerror or e}"
+        names = [image_store.arena_name(pid, k) for k in range(len(r.segment_ranges))]
         self.arenas.append((rel, layout, [(n, a, size) for n, (a, size) in zip(names, r.segment_ranges)]))
         self.bytes += rep["bytes"]
         rec.update(h5=rel, bytes=rep["bytes"], allocations=rep["allocations"], copy_s=0.0, fsync_s=0.0,

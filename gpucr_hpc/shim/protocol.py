@@ -24,7 +24,7 @@ PREFILL = "prefill"                # the copy helper refills the GPU while the d
 STAGING_DROP = "staging_drop"      # free the bounce ring before the driver checkpoint
 ARENA_DETACH = "arena_detach"      # the arena written to an image: let it go
 ARENA_ATTACH = "arena_attach"      # re-make the arena for an image's data (or map its files filled ahead)
-ARENA_FILES = "arena_files"        # the arena's files, to be linked into the staging tier (no copy)
+ARENA_FILES = "arena_files"        # the arena's files, linked "into" a staging tier's folder (no copy)
 
 
 
@@ -84,6 +84,7 @@ class Reply:
     segment_ranges: tuple[tuple[int, int], ...] = ()  # (address, size) of each arena segment
     segment_fds: tuple[int, ...] = ()       # arena_files: the shim's descriptor of each segment's file
     segment_linkable: tuple[bool, ...] = ()  # arena_files: which of those files a link can name
+    linked: bool = False                    # arena_files: linked "into" the folder asked for
     quiesce_s: float = 0.0          # waiting for GPU work in flight
     data_s: float = 0.0             # moving the data
     prefill: bool = False           # the copy helper took the refill
@@ -109,6 +110,7 @@ class Reply:
             segment_ranges=tuple((int(a), int(n)) for a, n in d.get("segment_ranges") or ()),
             segment_fds=tuple(int(fd) for fd in d.get("segment_fds") or ()),
             segment_linkable=tuple(bool(x) for x in d.get("segment_linkable") or ()),
+            linked=bool(d.get("linked")),
             quiesce_s=float(d.get("quiesce_s") or 0.0), data_s=float(d.get("data_s") or 0.0),
             prefill=bool(d.get("prefill")),
             device_uuids={int(k): str(v) for k, v in (d.get("device_uuids") or {}).items()},

@@ -59,7 +59,7 @@ int gpucr_cmd_restore(struct jbuf *out)
 void gpucr_cmd_arena_detach(struct jbuf *out) { gpucr_cmd_status(out); }
 void gpucr_cmd_staging_drop(struct jbuf *out) { gpucr_cmd_status(out); }
 void gpucr_cmd_arena_attach(int linkable, struct jbuf *out) { (void)linkable; gpucr_cmd_status(out); }
-void gpucr_cmd_arena_files(struct jbuf *out) { gpucr_cmd_status(out); }
+void gpucr_cmd_arena_files(const char *line, struct jbuf *out) { (void)line; gpucr_cmd_status(out); }
 void gpucr_cmd_prefill(struct jbuf *out) { gpucr_cmd_status(out); }
 int gpucr_ipc_export_fd(uint64_t id, uint64_t *size) { (void)id; (void)size; return -1; }
 /* nccl_cut.c: no NCCL in unit tests; nccl_counts answers as a process without communicators */

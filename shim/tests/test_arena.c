@@ -82,6 +82,17 @@ static void staged_segments(void)
     CHECK(gpucr_arena_segment_file(seg, &fd2, &linkable) == 0 && fd2 == fd && linkable);
     PASS("arena segment in tmpfs linked into a stage folder");
 
+    /* the shim links them itself (its own mounts): all of them, or none */
+    char into[sizeof stage + 8];
+    snprintf(into, sizeof into, "%s/own", stage);
+    CHECK(gpucr_arena_link_into(into) == -1 && errno == ENOENT);
+    CHECK(mkdir(into, 0700) == 0 && gpucr_arena_link_into(into) == 0);
+    struct stat own;
+    CHECK(fstatat(sd, "own/0", &own, 0) == 0 && fstat(fd, &st) == 0 && own.st_ino == st.st_ino);
+    CHECK(gpucr_arena_link_into(into) == -1 && errno == EEXIST && fstatat(sd, "own/0", &own, 0) == 0);
+    CHECK(unlinkat(sd, "own/0", 0) == 0 && unlinkat(sd, "own", AT_REMOVEDIR) == 0);
+    PASS("arena files linked by the shim into a folder");
+
     uintptr_t base, base2;
     size_t bound = gpucr_arena_bounds(seg, &base);
     gpucr_arena_reset();
