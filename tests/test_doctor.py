@@ -113,6 +113,24 @@ def test_the_staging_tier_is_node_memory_every_user_can_write(monkeypatch):
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_a_staging_tier_apart_from_the_arena_is_named_as_copying(monkeypatch, tmp_path):
+    """A preemption keeps the arena's pages by linking its files into the stage: on
+    another file system it copies them instead."""
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    root = Path(tempfile.mkdtemp(prefix="gpucr-doctor-stage-", dir="/dev/shm"))
+    try:
+        (root / "n1").mkdir(mode=0o1777)
+        (root / "n1").chmod(0o1777)
+        together = checks.stage(Site(plugstack=None, stage=f"{root}/%n", arena="/dev/shm"))
+        apart = checks.stage(Site(plugstack=None, stage=f"{root}/%n", arena=str(tmp_path)))
+        assert together.ok is True and "copies" not in together.detail
+        if os.stat(tmp_path).st_dev == os.stat("/dev/shm").st_dev:
+            pytest.skip("tmp_path is on /dev/shm's file system here")
+        assert apart.ok is True and "another file system" in apart.detail and "copies" in apart.detail
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def test_a_staging_tier_on_hugetlbfs_fails_with_the_fix(monkeypatch, hugetlbfs_dir):
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     (hugetlbfs_dir / "n1").mkdir()

@@ -249,6 +249,13 @@ def stage(site) -> Check:
                      "for huge pages)")
     note = (small_pages_note(path) if kind in MEMORY_FS
             else f"; it is on {kind}, not node memory: a preemption waits for that disk")
+    try:
+        apart = Path(expand(site.arena)).stat().st_dev != st.st_dev
+    except OSError:
+        apart = False  # the arena's own check says what is wrong with it
+    if apart:
+        note += (f"; the arena (arena={site.arena}) is on another file system: a preemption copies the GPU "
+                 "data here instead of keeping the arena's pages (put both on one tmpfs)")
     used = staging.used_bytes(path)
     return Check("staging tier", True, f"{path} on {kind}: cap {cap / 2**30:.1f} GiB (stage_cap={site.stage_cap}), "
                  f"{used / 2**30:.1f} GiB staged now{note}")
