@@ -842,19 +842,24 @@ size_t gpucr_arena_bounds(int i, uintptr_t *base)
     return size;
 }
 
+/* Segment i when it is mapped with a descriptor still ours (st: its file), else NULL. Under mu. */
+static struct seg *mapped_seg(int i, struct stat *st)
+{
+    return i >= 0 && i < nsegs && !segs[i].detached && own_fd(&segs[i], st) ? &segs[i] : NULL;
+}
+
 int gpucr_arena_segment(int i, int *fd, size_t *size, unsigned *gen)
 {
     struct stat st;
-    int rc = -1;
     pthread_mutex_lock(&mu);
-    if (i >= 0 && i < nsegs && !segs[i].detached && own_fd(&segs[i], &st)) {
-        *fd = segs[i].fd;
-        *size = segs[i].size;
-        *gen = segs[i].gen;
-        rc = 0;
+    struct seg *s = mapped_seg(i, &st);
+    if (s) {
+        *fd = s->fd;
+        *size = s->size;
+        *gen = s->gen;
     }
     pthread_mutex_unlock(&mu);
-    return rc;
+    return s ? 0 : -1;
 }
 
 /* Every segment's file linked into the folder `into` as "0", "1", ... in
@@ -872,7 +877,7 @@ int gpucr_arena_link_into(const char *into)
     for (int i = 0; i < nsegs && rc == 0; i++, done++) {
         struct stat st;
         char proc[64], name[16];
-        if (segs[i].detached || !own_fd(&segs[i], &st)) {
+        if (!mapped_seg(i, &st)) {
             e = EBADF;
             rc = -1;
             break;
@@ -900,17 +905,12 @@ int gpucr_arena_link_into(const char *into)
 int gpucr_arena_segment_file(int i, int *fd, int *linkable)
 {
     struct stat st;
-    int rc = -1;
-    *fd = -1;
-    *linkable = 0;
     pthread_mutex_lock(&mu);
-    if (i >= 0 && i < nsegs && !segs[i].detached && own_fd(&segs[i], &st)) {
-        *fd = segs[i].fd;
-        /* A file with a name may always get another; one without, only if it
-         * was made with O_TMPFILE (and never linked: not to be told here). */
-        *linkable = segs[i].tmpfile || st.st_nlink > 0;
-        rc = 0;
-    }
+    struct seg *s = mapped_seg(i, &st);
+    *fd = s ? s->fd : -1;
+    /* A file with a name may always get another; one without, only if it was
+     * made with O_TMPFILE (and never linked: not to be told here). */
+    *linkable = s && (s->tmpfile || st.st_nlink > 0);
     pthread_mutex_unlock(&mu);
-    return rc;
+    return s ? 0 : -1;
 }

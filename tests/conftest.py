@@ -210,3 +210,16 @@ def tmpfs_dir(tmp_path):
     yield mount
     for where in made:
         subprocess.run(["umount", str(where)], capture_output=True)
+
+
+@pytest.fixture
+def node_memory():
+    """A new folder in /dev/shm (node memory), removed after the test."""
+    from gpucr_hpc.mounts import in_node_memory
+
+    d = Path(tempfile.mkdtemp(prefix="gpucr-test-", dir="/dev/shm"))
+    if not in_node_memory(d):
+        shutil.rmtree(d)
+        pytest.skip("/dev/shm is not a tmpfs here")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

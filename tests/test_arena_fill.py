@@ -6,9 +6,7 @@ is exercised on a GPU machine (test_migrate_gpu.py, the job GPU tests)."""
 
 import mmap
 import os
-import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
@@ -16,7 +14,6 @@ import pytest
 from test_migrate_gpu import _holder
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.mounts import in_node_memory
 from gpucr_hpc.process import arena_fill, image_gpu
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
@@ -46,14 +43,6 @@ def _bytes_at(filled, segments, blob) -> bytes:
     raise AssertionError(f"no segment holds {blob.host:#x}")
 
 
-@pytest.fixture
-def node_memory():
-    d = Path(tempfile.mkdtemp(prefix="gpucr-test-", dir="/dev/shm"))
-    if not in_node_memory(d):
-        shutil.rmtree(d)
-        pytest.skip("/dev/shm is not a tmpfs here")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,15 +7,11 @@ shim side (linking its files, mapping them back) runs on a GPU machine
 (test_job_gpu.py)."""
 
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import pytest
 from test_migrate_gpu import _holder
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.mounts import in_node_memory
 from gpucr_hpc.process import arena_fill, image_gpu
 from gpucr_hpc.store import drain, gpu_data
 from gpucr_hpc.store import files as image_store
@@ -24,14 +20,6 @@ from gpucr_hpc.store import manifest as mf
 PAGE = 4096
 
 
-@pytest.fixture
-def node_memory():
-    d = Path(tempfile.mkdtemp(prefix="gpucr-test-", dir="/dev/shm"))
-    if not in_node_memory(d):
-        shutil.rmtree(d)
-        pytest.skip("/dev/shm is not a tmpfs here")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
