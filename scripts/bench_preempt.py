@@ -256,8 +256,10 @@ def generation(cluster: Cluster, jobid: str, gen: str) -> tuple[int, dict]:
 
 
 def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str = "direct",
-             place: str = "", drain_delay_s: float = 0.0, raw_gib: float | None = None) -> dict:
-    """place: "" (anywhere), "same" (pinned to its node), "moved" (held until durable,
+             place: str = "", drain_delay_s: float = 0.0, raw_gib: float | None = None,
+             in_place: bool = False) -> dict:
+    """in_place: the job is also suspended and resumed first, for the in-place figures
+    of its size; place: "" (anywhere), "same" (pinned to its node), "moved" (held until durable,
     the page cache dropped, restored on another node); drain_delay_s: staging_tier's;
     raw_gib: the most bytes the raw rates are measured with."""
     d = work / f"gib-{gib:g}-{tier}{'-' + place if place else ''}"
@@ -286,7 +288,7 @@ def one_size(cluster: Cluster, gib: float, on_gpu: bool, work: Path, tier: str =
             wait_for(lambda: arena_holds_gpu_memory(cluster, jobid, ran_on[0]), timeout=300,
                      what=f"the arena of job {jobid} to hold its GPU memory")
             rec["arena_ready_s"] = round(time.monotonic() - t, 3)
-        if place == "same" and tier == "direct":
+        if in_place:
             rec.update(in_place_cycle(cluster, jobid))
         if place == "moved":  # held at its requeue until the bench lets it go, cold, elsewhere
             cluster.run("scontrol", "update", f"NodeName={ran_on[0]}", "State=DRAIN", "Reason=gpucr-bench")
@@ -465,7 +467,8 @@ def bars(records: list[dict], path: Path, fig, ax) -> bool:
 def runs(args) -> list[tuple[str, str]]:
     """(tier, place) of each run per size."""
     if args.restore:
-        return [("direct", "same"), ("staged", "same"), ("staged", "moved")]
+        every = [("direct", "same"), ("staged", "same"), ("staged", "moved")]
+        return [r for r in every if not args.only or "-".join(r) in args.only]
     return [("direct", ""), ("staged", "")] if args.tiers else [("direct", "")]
 
 
@@ -476,6 +479,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiers", action="store_true", help="each size also with a staging tier in /dev/shm")
     ap.add_argument("--restore", action="store_true",
                     help="each size restored on its node from the image root and from node memory, and moved")
+    ap.add_argument("--only", nargs="+", choices=["direct-same", "staged-same", "staged-moved"],
+                    help="with --restore: only these of the runs of each size")
     ap.add_argument("--drain-delay", type=float, default=0.0,
                     help="with --restore: the staged same-node run's drain starts this many seconds late, so "
                          "that the job is back before it is done (a slower image root)")
@@ -502,13 +507,16 @@ def main(argv=None) -> int:
         cluster = cluster_up(env)
         memory = stack.enter_context(huge_node_memory(cluster, args.huge)) if args.huge else Path("/dev/shm")
         for gib in args.gib:
-            for tier, place in runs(args):
+            for k, (tier, place) in enumerate(runs(args)):
+                first_same = place == "same" and all(p != "same" for _, p in runs(args)[:k])
                 if tier == "staged":
                     delay = args.drain_delay if place == "same" else 0.0
                     with staging_tier(cluster, delay, memory):
-                        rec = one_size(cluster, gib, args.gpu, tmp, tier, place, delay, args.raw_gib)
+                        rec = one_size(cluster, gib, args.gpu, tmp, tier, place, delay, args.raw_gib,
+                                       in_place=first_same)
                 else:
-                    rec = one_size(cluster, gib, args.gpu, tmp, tier, place, raw_gib=args.raw_gib)
+                    rec = one_size(cluster, gib, args.gpu, tmp, tier, place, raw_gib=args.raw_gib,
+                                   in_place=first_same)
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
     except BenchError as e:
