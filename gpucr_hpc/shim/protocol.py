@@ -82,8 +82,6 @@ class Reply:
     filled: bool = False            # arena_attach mapped the files filled ahead
     arena_dir: str = ""             # where the arena's files are made
     segment_ranges: tuple[tuple[int, int], ...] = ()  # (address, size) of each arena segment
-    segment_fds: tuple[int, ...] = ()       # arena_files: the shim's descriptor of each segment's file
-    segment_linkable: tuple[bool, ...] = ()  # arena_files: which of those files a link can name
     linked: bool = False                    # arena_files: linked "into" the folder asked for
     quiesce_s: float = 0.0          # waiting for GPU work in flight
     data_s: float = 0.0             # moving the data
@@ -108,8 +106,6 @@ class Reply:
             arena_pinned=bool(d.get("arena_pinned")), attach_s=float(d.get("attach_s") or 0.0),
             filled=bool(d.get("filled")), arena_dir=str(d.get("arena_dir") or ""),
             segment_ranges=tuple((int(a), int(n)) for a, n in d.get("segment_ranges") or ()),
-            segment_fds=tuple(int(fd) for fd in d.get("segment_fds") or ()),
-            segment_linkable=tuple(bool(x) for x in d.get("segment_linkable") or ()),
             linked=bool(d.get("linked")),
             quiesce_s=float(d.get("quiesce_s") or 0.0), data_s=float(d.get("data_s") or 0.0),
             prefill=bool(d.get("prefill")),

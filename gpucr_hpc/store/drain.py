@@ -53,12 +53,13 @@ def _copy_checked(src: Path, dst: Path, rec: dict) -> dict:
 def _compose(staged: Path, dst: Path, rec: dict) -> dict:
     """The .h5 file a checkpoint left as the arena's segments and its metadata
     (store/files.py), whole and checksummed on the image root."""
-    names = [rec["arena"].get("layout") or ""] + [f for f, _, _ in image_store.arena_parts(rec)]
-    if any(not n or ".." in Path(n).parts or Path(n).is_absolute() for n in names):
+    layout, parts = rec["arena"].get("layout") or "", image_store.arena_parts(rec)
+    names = [layout] + [f for f, _, _ in parts]
+    if any(image_store.outside(n) for n in names):
         raise GpucrError(f"staged image {staged}: bad file name among {names!r}", "checkpoint the job again")
-    segments = [(staged / f, a, n) for f, a, n in image_store.arena_parts(rec)]
+    segments = [(staged / f, a, n) for f, a, n in parts]
     try:
-        size, blocks = gpu_data.compose(staged / rec["arena"]["layout"], segments, dst,
+        size, blocks = gpu_data.compose(staged / layout, segments, dst,
                                         block_bytes=image_store.HASH_BLOCK)
     except ValueError as e:
         raise GpucrError(f"{staged}: the GPU data of {dst.name} does not fit its arena's files ({e})",
@@ -80,7 +81,7 @@ def drain_image(staged: Path, dest: Path) -> int:
         image_store.prepare_new(dest)
         files = {}
         for rel, rec in sorted((m.get("files") or {}).items(), key=lambda kv: -kv[1]["size"]):
-            if ".." in Path(rel).parts or Path(rel).is_absolute():
+            if image_store.outside(rel):
                 raise GpucrError(f"staged image {staged}: bad file name {rel!r}", "checkpoint the job again")
             if rec.get("arena"):  # held as its parts, the process's arena among them: joined here
                 files[rel] = _compose(staged, dest / rel, rec)

@@ -74,6 +74,11 @@ def arena_name(pid: int, k: int) -> str:
     return f"process-{pid}.arena/{k}"
 
 
+def outside(rel: str) -> bool:
+    """Whether a name from a manifest would lead out of its image (or is empty)."""
+    return not rel or ".." in Path(rel).parts or Path(rel).is_absolute()
+
+
 def arena_parts(rec: dict) -> list[tuple[str, int, int]]:
     """A manifest file record's arena segments (file, address, size); [] for a whole file."""
     return [(str(f), int(a), int(n)) for f, a, n in (rec.get("arena") or {}).get("segments") or ()]
@@ -292,7 +297,7 @@ def verify(path: Path, manifest: dict, workers: int = 2, defer: frozenset[str] =
     files = manifest.get("files") or {}
     for rel, rec in files.items():
         p = path / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
+        if outside(rel):
             raise GpucrError(f"image {path}: bad file name {rel!r} in manifest", "restore from another copy")
         if rec.get("arena"):
             _check_arena(path, rel, rec)
@@ -340,7 +345,7 @@ def _check_arena(path: Path, rel: str, rec: dict) -> None:
     parts = [(rec["arena"].get("layout", ""), rec["size"])] + [(f, n) for f, _, n in arena_parts(rec)]
     for part, size in parts:
         p = path / part
-        if ".." in Path(part).parts or Path(part).is_absolute() or not part:
+        if outside(part):
             raise GpucrError(f"image {path}: bad file name {part!r} in manifest", "restore from another copy")
         if not p.is_file() or p.stat().st_size != size:
             raise GpucrError(f"image {path}: {part}, a part of {rel}, is missing or not of its "
