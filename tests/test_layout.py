@@ -10,7 +10,11 @@ import sys
 ROOT_MAY_LOAD = {"gpucr_hpc", "gpucr_hpc.config", "gpucr_hpc.criu", "gpucr_hpc.criu.run", "gpucr_hpc.errors",
                  "gpucr_hpc.privileged", "gpucr_hpc.privileged.helper", "gpucr_hpc.slurm",
                  "gpucr_hpc.slurm.signals", "gpucr_hpc.criu.netlock", "gpucr_hpc.criu.tcp",
-                 "gpucr_hpc.privileged.tcp", "gpucr_hpc.tcp_end", "gpucr_hpc.procfs"}
+                 "gpucr_hpc.privileged.tcp", "gpucr_hpc.tcp_end", "gpucr_hpc.procfs",
+                 # the helper's own parts (privileged/*) and the PID namespace's init it starts
+                 "gpucr_hpc.privileged.checks", "gpucr_hpc.privileged.namespaces", "gpucr_hpc.privileged.root_env",
+                 "gpucr_hpc.privileged.scratch", "gpucr_hpc.privileged.seal", "gpucr_hpc.privileged.user_dirs",
+                 "gpucr_hpc.criu.pidns_init"}
 
 
 def loaded_by(module: str) -> set[str]:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import threading
 import time
@@ -57,10 +56,13 @@ def nft_command() -> list[str]:
     wrapper = config.installed("bin", "gpucr-nft")
     if os.access(wrapper, os.X_OK):
         return [wrapper]
-    on_path = shutil.which("nft")
-    if on_path:
-        return [on_path]
-    raise GpucrError(f"nft (nftables) is not installed: neither {wrapper} nor nft on PATH exists", INSTALL_FIX)
+    from gpucr_hpc.criu.run import system_tool
+
+    try:
+        return [system_tool("nft")]
+    except GpucrError:
+        raise GpucrError(f"nft (nftables) is not installed: neither {wrapper} nor a system nft exists",
+                         INSTALL_FIX) from None
 
 
 @dataclass(frozen=True)

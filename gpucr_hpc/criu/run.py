@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpucr_hpc import config
+from gpucr_hpc.criu import pidns_init
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.procfs import fd_targets
 
@@ -40,13 +41,14 @@ if TYPE_CHECKING:
 
 MIN_VERSION = (4, 1)
 DEFAULT_WRAPPER = "/opt/gpucr-hpc/bin/criu"
-_PKG_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding gpucr_hpc: pidns_init runs from it
+_PKG_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding gpucr_hpc: the post-dump script's
+SYSTEM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 INSTALL_FIX = "run scripts/install-deps (as root) to install CRIU >= 4.1, or point GPUCR_CRIU at one"
 
 # Runs inside `criu dump` after the images are written, tasks still frozen.
 _POST_DUMP_SCRIPT = """#!/bin/sh
 [ "$CRTOOLS_SCRIPT_ACTION" = post-dump ] || exit 0
-exec {python} -c {code}
+exec {python} -I -c {code}
 """
 _POST_DUMP_CODE = (
     "import json, sys; sys.path.insert(0, {path!r}); "
@@ -204,13 +206,14 @@ class Criu:
         args.append("-d")
         if new_pidns:
             # --kill-child: the namespace's init dies with unshare; setpriv: unshare with us.
-            tie = ["setpriv", "--pdeathsig", "KILL"] if tied else []
-            args = tie + ["unshare", "-p", "-f", "--kill-child=SIGKILL", "--mount-proc",
-                          sys.executable, "-m", "gpucr_hpc.criu.pidns_init"] + args
+            # pidns_init, run as root, by its own path and isolated (-I): nothing of the
+            # caller's working directory or environment is imported.
+            tie = [system_tool("setpriv"), "--pdeathsig", "KILL"] if tied else []
+            args = tie + [system_tool("unshare"), "-p", "-f", "--kill-child=SIGKILL", "--mount-proc",
+                          sys.executable, "-I", os.path.realpath(pidns_init.__file__)] + args
         std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1, 2)]
         proc = subprocess.Popen(args, stdin=std[0], stdout=std[1], stderr=std[2],
-                                start_new_session=True, close_fds=True,
-                                env=criu_env(PYTHONPATH=_PKG_PARENT))
+                                start_new_session=True, close_fds=True, env=criu_env())
         deadline = time.monotonic() + 600
         while True:
             text = log.read_text(errors="replace") if log.exists() else ""
@@ -250,6 +253,16 @@ class Criu:
                 raise GpucrError(f"criu restore wrote no pidfile ({pidfile})", f"see {log}")
             host_pid = ns_pid
         return Restored(host_pid=host_pid, ns_pid=ns_pid, new_pidns=new_pidns, launcher=proc)
+
+
+def system_tool(name: str) -> str:
+    """A tool of the operating system, by its absolute path: never one a PATH chose."""
+    for d in SYSTEM_DIRS:
+        path = os.path.join(d, name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise GpucrError(f"{name} is not installed in {', '.join(SYSTEM_DIRS)}",
+                     f"install it (util-linux has {name}): scripts/install-deps")
 
 
 def criu_env(**extra: str) -> dict:
@@ -404,7 +417,7 @@ def enter_pidns_of(pid: int) -> tuple[list[str], int]:
     inside, ours = nspid(pid), nspid(os.getpid())
     if len(inside) <= len(ours):
         return [], pid
-    return ["nsenter", f"--target={pid}", "--pid", "--mount", "--"], inside[-1]
+    return [system_tool("nsenter"), f"--target={pid}", "--pid", "--mount", "--"], inside[-1]
 
 
 def pid_in_image(pid: int) -> int:

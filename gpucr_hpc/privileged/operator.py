@@ -21,7 +21,37 @@ import sys
 VERBS = ("checkpoint", "preempt", "suspend", "resume", "restore")
 _JOBID = re.compile(r"[0-9]{1,12}")
 _GEN = re.compile(r"(gen-)?[0-9]{1,9}")
-ENV_KEPT = ("PATH", "LANG", "LC_ALL", "TERM", "SLURM_CONF", "SUDO_USER", "SUDO_UID")
+ENV_KEPT = ("LANG", "LC_ALL", "TERM", "SUDO_USER", "SUDO_UID")
+SECURE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def root_only(path: str) -> bool:
+    """A file, and every folder above it, that only root can change."""
+    try:
+        p = os.path.realpath(path)
+        while True:
+            st = os.stat(p)
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                return False
+            if p == "/":
+                return True
+            p = os.path.dirname(p)
+    except OSError:
+        return False
+
+
+def environment(env: dict[str, str]) -> dict[str, str]:
+    """What of the operator's environment reaches root: who they are, the terminal, and a
+    Slurm configuration only root can change; the tools are found on the system's path."""
+    out = {k: env[k] for k in ENV_KEPT if k in env}
+    out["PATH"] = SECURE_PATH
+    conf = env.get("SLURM_CONF")
+    if conf:
+        if not root_only(conf):
+            raise ValueError(f"SLURM_CONF={conf} is a file another user than root could change; "
+                             "root reads only a Slurm configuration that root alone writes")
+        out["SLURM_CONF"] = conf
+    return out
 
 
 def parse(argv: list[str]) -> list[str]:
@@ -49,11 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         if os.geteuid() != 0:
             raise ValueError("it must run as root, through sudo")
         args = parse(argv)
+        env = environment(dict(os.environ))
     except ValueError as e:
         print(f"gpucr-operator: error: {e}; usage: gpucr-operator VERB JOBID "
               f"(VERB: {', '.join(VERBS)}; restore also takes --from N)", file=sys.stderr)
         return 2
-    env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}  # sudo decides what reaches us
+    os.chdir("/")
     os.execve(sys.executable, [sys.executable, "-I", "-m", "gpucr_hpc", *args], env)
     return 1  # not reached
 

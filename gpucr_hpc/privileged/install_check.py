@@ -1,0 +1,79 @@
+"""What root runs must be root's alone: the check `make install` makes before it
+writes a sudo rule that runs this Python as root.
+
+Every file and folder the interpreter may load from when run isolated (`-I`):
+the interpreter itself, every folder on its path (site-packages and what its
+.pth files add), our package wherever it lies (an editable install names it in
+a finder, not on the path), each of them whole, and every folder above them up
+to `/`. One of them owned by another user, or writable by group or others,
+lets that user change what root runs.
+
+    python -I -m gpucr_hpc.privileged.install_check    prints the first unsafe path; exits 1 if any
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+SKIP = {".git"}
+
+
+def unsafe_entry(path: str) -> bool:
+    st = os.lstat(path)
+    if st.st_uid != 0:
+        return True
+    if stat.S_ISLNK(st.st_mode):
+        return False  # a link's own mode means nothing; its target is checked where it is loaded from
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_mode & 0o002:
+        return True  # /tmp-like: anyone may add a name
+    return bool(st.st_mode & 0o022)
+
+
+def roots() -> list[str]:
+    import gpucr_hpc
+
+    found = [os.path.realpath(sys.executable), os.path.dirname(os.path.realpath(gpucr_hpc.__file__))]
+    found += [os.path.realpath(p) for p in sys.path if p and os.path.exists(p)]
+    return list(dict.fromkeys(found))
+
+
+def first_unsafe(paths: list[str]) -> str | None:
+    above: set[str] = set()
+    walked: set[str] = set()
+    for root in paths:
+        parent = os.path.dirname(root)
+        while parent not in above:
+            above.add(parent)
+            if unsafe_entry(parent):
+                return parent
+            if parent == "/":
+                break
+            parent = os.path.dirname(parent)
+        if unsafe_entry(root):
+            return root
+        if not os.path.isdir(root):
+            continue
+        for here, dirs, files in os.walk(root):
+            if here in walked:
+                dirs[:] = []
+                continue
+            walked.add(here)
+            dirs[:] = [d for d in dirs if d not in SKIP]
+            for name in dirs + files:
+                if unsafe_entry(os.path.join(here, name)):
+                    return os.path.join(here, name)
+    return None
+
+
+def main() -> int:
+    bad = first_unsafe(roots())
+    if bad:
+        print(bad)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
