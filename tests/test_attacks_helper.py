@@ -439,3 +439,65 @@ def test_a_restored_tree_still_runs_after_every_hardening(attacker):
     wait_for(lambda: len(numbers(log)) >= 400, timeout=60, what="the counter to finish")
     assert numbers(log)[-1] == 399
     not_pwned(pwned)
+
+
+# -- the operator door: an operator is not root --------------------------------------------
+
+@pytest.fixture
+def operator(users):
+    from gpucr_hpc.cli.operator_door import door_path
+
+    door = door_path()
+    if not os.access(door, os.X_OK):
+        pytest.skip(f"the operator door {door} is not installed: make install")
+    rule = Path("/etc/sudoers.d/gpucr-test-attack-operator")
+    rule.write_text(f'Defaults!{door} env_keep += "SLURM_CONF PATH PYTHONPATH"\nDefaults!{door} !use_pty\n'
+                    f"{users[1].pw_name} ALL=(root) NOPASSWD: {door}\n")
+    rule.chmod(0o440)
+    yield users[1], door
+    rule.unlink()
+
+
+def test_an_operators_path_and_slurm_conf_never_reach_root(operator, users_tmp):
+    """Even where the site's rule keeps PATH and SLURM_CONF, root runs the system's
+    Slurm commands and reads only a configuration root alone can change."""
+    op, door = operator
+    home = owned_dir(users_tmp / "operator", op)
+    pwned = home / "PWNED"
+    evil = owned_dir(home / "bin", op)
+    for tool in ("scontrol", "squeue", "srun", "sbatch", "python3"):
+        (evil / tool).write_text(f"#!/bin/sh\nid -u > {pwned}\nexit 1\n")
+        (evil / tool).chmod(0o755)
+    conf = home / "slurm.conf"
+    conf.write_text("ClusterName=evil\nSlurmctldHost=localhost\n")
+    for p in (conf, *evil.iterdir()):
+        os.chown(p, op.pw_uid, op.pw_gid)
+    env = {"PATH": f"{evil}:/usr/bin:/bin", "PYTHONPATH": str(home)}
+    r = as_user(op, "env", f"PATH={env['PATH']}", f"PYTHONPATH={home}", "sudo", "-n", door, "checkpoint", "999999")
+    not_pwned(pwned)
+    r = as_user(op, "env", f"SLURM_CONF={conf}", "sudo", "-n", door, "checkpoint", "999999")
+    assert r.returncode == 2 and "SLURM_CONF" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    not_pwned(pwned)
+
+
+# -- the install: what root runs is root's alone, all of it --------------------------------
+
+def test_install_refuses_a_package_file_or_folder_another_user_can_change(users, tmp_path):
+    from gpucr_hpc.privileged import install_check
+
+    pkg = tmp_path / "site" / "gpucr_hpc"
+    (pkg / "criu").mkdir(parents=True)
+    (pkg / "criu" / "run.py").write_text("")
+    pth = tmp_path / "site" / "evil.pth"
+    pth.write_text("")
+    tmp_path.chmod(0o755)
+    assert install_check.first_unsafe([str(tmp_path / "site")]) is None
+    for victim in (pkg / "criu" / "run.py", pth, pkg / "criu"):
+        os.chown(victim, users[0].pw_uid, -1)
+        assert install_check.first_unsafe([str(tmp_path / "site")]) == str(victim)
+        os.chown(victim, 0, -1)
+        victim.chmod(victim.stat().st_mode | 0o020)
+        assert install_check.first_unsafe([str(tmp_path / "site")]) == str(victim)
+        victim.chmod(victim.stat().st_mode & ~0o020)
+    (tmp_path / "site").chmod(0o777)  # a folder above what root loads
+    assert install_check.first_unsafe([str(pkg)]) == str(tmp_path / "site")

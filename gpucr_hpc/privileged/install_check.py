@@ -20,15 +20,28 @@ import sys
 SKIP = {".git"}
 
 
-def unsafe_entry(path: str) -> bool:
+def unsafe_entry(path: str, above: bool = False) -> bool:
+    """Whether a user other than root can change path (above: a folder above what root
+    loads, where a sticky folder such as /tmp is fine: its root-owned entries stay root's)."""
     st = os.lstat(path)
     if st.st_uid != 0:
         return True
     if stat.S_ISLNK(st.st_mode):
         return False  # a link's own mode means nothing; its target is checked where it is loaded from
-    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_mode & 0o002:
-        return True  # /tmp-like: anyone may add a name
-    return bool(st.st_mode & 0o022)
+    if st.st_mode & 0o022:
+        return not (above and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX)
+    return False
+
+
+def unsafe_above(path: str) -> str | None:
+    """The first of path and the folders above it that another user can change."""
+    if unsafe_entry(path):
+        return path
+    while path != "/":
+        path = os.path.dirname(path)
+        if unsafe_entry(path, above=True):
+            return path
+    return None
 
 
 def roots() -> list[str]:
@@ -40,19 +53,11 @@ def roots() -> list[str]:
 
 
 def first_unsafe(paths: list[str]) -> str | None:
-    above: set[str] = set()
     walked: set[str] = set()
     for root in paths:
-        parent = os.path.dirname(root)
-        while parent not in above:
-            above.add(parent)
-            if unsafe_entry(parent):
-                return parent
-            if parent == "/":
-                break
-            parent = os.path.dirname(parent)
-        if unsafe_entry(root):
-            return root
+        bad = unsafe_above(root)
+        if bad:
+            return bad
         if not os.path.isdir(root):
             continue
         for here, dirs, files in os.walk(root):

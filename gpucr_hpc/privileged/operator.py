@@ -18,6 +18,8 @@ import os
 import re
 import sys
 
+from gpucr_hpc.privileged import install_check
+
 VERBS = ("checkpoint", "preempt", "suspend", "resume", "restore")
 _JOBID = re.compile(r"[0-9]{1,12}")
 _GEN = re.compile(r"(gen-)?[0-9]{1,9}")
@@ -28,14 +30,7 @@ SECURE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 def root_only(path: str) -> bool:
     """A file, and every folder above it, that only root can change."""
     try:
-        p = os.path.realpath(path)
-        while True:
-            st = os.stat(p)
-            if st.st_uid != 0 or st.st_mode & 0o022:
-                return False
-            if p == "/":
-                return True
-            p = os.path.dirname(p)
+        return install_check.unsafe_above(os.path.realpath(path)) is None
     except OSError:
         return False
 
