@@ -284,9 +284,9 @@ def _restore(job: slurm.Job, job_dir, gen: int | None) -> dict:
     jobid = job.id
     target = generations.restore_target(job_dir, gen)
     mf.load(target)  # committed and intact manifest, or a one-line error
-    generations.write_pointer(job_dir, generations.RESTORE, target, generations.generation_submission(target))
-    if os.geteuid() == 0:  # root restoring a user's job: the job's restorer removes it
-        os.chown(job_dir / generations.RESTORE, job.uid, -1)
+    submission = generations.generation_submission(target)
+    with job_dirs.as_owner(job.uid):  # root restoring a user's job: the job's restorer removes it
+        generations.write_pointer(job_dir, generations.RESTORE, target, submission)
     if job.state == "PENDING":
         if job.held:
             slurm.release(jobid)  # held by a failed restore: try again with this generation

@@ -14,16 +14,37 @@ like are refused before any path is built from them.
 from __future__ import annotations
 
 import os
+import pwd
 import re
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.privileged.user_dirs import Caller, acting_as
 
 _JOB_ID = re.compile(r"[0-9]+", re.ASCII)
 NOT_OURS_FIX = ("it was not made by gpucr-hpc and is not used (nothing was written there); "
                 "ask an admin to move it away")
+
+
+@contextmanager
+def as_owner(uid: int) -> Iterator[None]:
+    """Root (an admin, the operator door) acting in a job's directory does so as the
+    job's user: the kernel checks each step as theirs, and what it makes is theirs
+    from the start, never chowned afterwards (a name the user could swap for a link)."""
+    if os.geteuid() != 0 or uid == 0:
+        yield
+        return
+    try:
+        pw = pwd.getpwuid(uid)
+        who = Caller(uid, pw.pw_gid, frozenset(os.getgrouplist(pw.pw_name, pw.pw_gid)))
+    except KeyError:
+        who = Caller(uid, uid, frozenset({uid}))
+    with acting_as(who):
+        yield
 
 
 def check_job_id(value: str) -> str:

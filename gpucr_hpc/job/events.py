@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import dirs as job_dirs
 
 EVENTS = "events.jsonl"
 RELAY_POLL_S = 2.0
@@ -42,10 +43,9 @@ def record(job_dir: Path, uid: int, **fields) -> None:
     rec = {"at": time.time(), "by": _who(), "pid": os.getpid(), **fields}
     path = Path(job_dir) / EVENTS
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with job_dirs.as_owner(uid):  # root appends as the job's user: the file stays theirs alone
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            if os.geteuid() == 0 and uid > 0:
-                os.fchown(fd, uid, -1)
             os.write(fd, (json.dumps(rec, default=str) + "\n").encode())
         finally:
             os.close(fd)

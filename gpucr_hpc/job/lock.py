@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.job import dirs as job_dirs
 
 LOCK_NAME = "lock"
 POLL_S = 0.5
@@ -65,12 +66,11 @@ def _try_lock(fd: int) -> bool:
 def _open(job_dir: Path, uid: int) -> int:
     path = Path(job_dir) / LOCK_NAME
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with job_dirs.as_owner(uid):  # root opens it as the job's user: theirs, and only theirs opened
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as e:
         raise GpucrError(f"cannot open the job's lock {path}: {e.strerror}",
                          "only the job's owner or root can act on it") from e
-    if os.geteuid() == 0 and os.fstat(fd).st_uid != uid:
-        os.fchown(fd, uid, -1)  # root made it: the job's user must open it later
     return fd
 
 
