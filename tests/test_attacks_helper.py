@@ -398,17 +398,25 @@ def test_a_crafted_seal_is_refused_before_anything_is_read(attacker):
     assert scratch_bytes() < (1 << 20)
 
 
-def test_logs_and_answers_never_follow_a_link_the_user_planted(attacker, tmp_path):
+def test_logs_and_answers_never_follow_a_link_the_user_planted(attacker, users_tmp):
+    """A symlink, and a hard link (a site without fs.protected_hardlinks lets a user
+    make one to a root-only file), in place of the files the helper writes there."""
     user, home, pwned = attacker
-    canary = _canary(tmp_path) / "secret"
+    vault = users_tmp / "vault"
+    vault.mkdir(mode=0o700)
+    secret = vault / "secret"  # on the same file system as the user's work dir
+    secret.write_text("root data\n")
+    secret.chmod(0o600)
     work, img = owned_dir(home / "w", user), owned_dir(home / "img", user)
-    for name in ("dump.log", "result.json"):
-        (work / name).symlink_to(canary)
+    os.link(secret, work / "dump.log")
+    (work / "result.json").symlink_to(secret)
+    (img / "gpucr-seal").symlink_to(secret)
     pid = sleeper(user, home)
     r = helper(user, "dump", "--pid", str(pid), "--images", str(img), "--work", str(work), "--leave-running")
     assert r.returncode == 0, r.stderr
-    assert canary.read_text() == "root data\n" and canary.stat().st_uid == 0
-    for p in work.iterdir():
+    st = secret.stat()
+    assert (secret.read_text(), st.st_uid, st.st_mode & 0o777) == ("root data\n", 0, 0o600)
+    for p in [*work.iterdir(), *img.iterdir()]:
         assert p.lstat().st_uid == user.pw_uid, p
     os.kill(pid, signal.SIGKILL)
 
