@@ -9,6 +9,15 @@ from gpucr_hpc import tcp_end
 ESTABLISHED, LISTEN = "01", "0A"  # /proc/net/tcp states
 
 
+def is_open(fd: int) -> bool:
+    """Whether this process has descriptor fd open."""
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
 def fd_targets(pid: int) -> list[str]:
     """What each open fd of pid points at (`/dev/nvidia0`, `socket:[123]`, a path)."""
     out: list[str] = []

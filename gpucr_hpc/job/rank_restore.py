@@ -16,7 +16,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from gpucr_hpc import config
+from gpucr_hpc import config, procfs
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
@@ -30,14 +30,6 @@ from gpucr_hpc.slurm.site import load_site
 LAUNCH_SETTLE_S = 3.0
 
 
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
-
-
 def stdio_inherit(unit: dict) -> dict[int, str]:
     """Our fd for each stdio pipe or socket the rank had (regular files reopen by path).
 
@@ -46,7 +38,7 @@ def stdio_inherit(unit: dict) -> dict[int, str]:
     (it reads end-of-file, as a task other than 0 of srun always does).
     """
     return {fd: key for fd, key in ((int(k), v) for k, v in (unit.get("stdio") or {}).items())
-            if fd in (1, 2) and key.startswith(("pipe:", "socket:")) and _is_open(fd)}
+            if fd in (1, 2) and key.startswith(("pipe:", "socket:")) and procfs.is_open(fd)}
 
 
 class StepSignals:

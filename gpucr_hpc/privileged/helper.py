@@ -54,7 +54,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpucr_hpc import tcp_end
+from gpucr_hpc import procfs, tcp_end
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.criu import tcp as criu_tcp
@@ -344,15 +344,7 @@ def _write_result(work_fd: int, out: dict, who: Caller) -> None:
 def handed_in() -> frozenset[int]:
     """The descriptors the caller handed us (those open as we start)."""
     names = os.listdir("/proc/self/fd")  # its own descriptor is closed again by now
-    return frozenset(fd for fd in map(int, names) if _is_open(fd))
-
-
-def _is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
+    return frozenset(fd for fd in map(int, names) if procfs.is_open(fd))
 
 
 def _exit_on(sig: int, _frame) -> None:
