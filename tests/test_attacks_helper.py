@@ -48,7 +48,8 @@ def attacker(users, users_tmp):
     home = owned_dir(users_tmp / "attacker", user)
     pwned = home / "PWNED"
     yield user, home, pwned
-    subprocess.run(["pkill", "-KILL", "-u", user.pw_name, "-f", "attack-sleeper"], capture_output=True)
+    for u in users:
+        subprocess.run(["pkill", "-KILL", "-u", u.pw_name, "-f", "attack-sleeper"], capture_output=True)
 
 
 def not_pwned(pwned: Path) -> None:
