@@ -118,10 +118,9 @@ static int rm_entry(const char *fpath, const struct stat *sb, int flag,
 	return unlink(fpath) != 0 && errno != ENOENT;
 }
 
-int gpucr_rundir_remove(const char *path, uid_t uid, gid_t gid,
-			char *err, size_t errlen)
+int gpucr_dir_remove_as_user(const char *path, uid_t uid, gid_t gid,
+			     char *err, size_t errlen)
 {
-	char marker[4200];
 	struct stat st;
 	pid_t pid;
 	int status;
@@ -133,17 +132,22 @@ int gpucr_rundir_remove(const char *path, uid_t uid, gid_t gid,
 	}
 	if (!S_ISDIR(st.st_mode))
 		return ERR("%s is not a directory, left alone", path);
-	snprintf(marker, sizeof(marker), "%s/%s", path, GPUCR_PERSISTING);
-	if (lstat(marker, &st) == 0)
-		return 1;
+	if (st.st_uid != uid)
+		return ERR("%s belongs to uid %u, not to the job's user (uid %u), left alone",
+			   path, (unsigned)st.st_uid, (unsigned)uid);
 
+	/* What is in it is the user's: removed by the user, never by root. */
 	pid = fork();
 	if (pid < 0)
 		return ERR("fork: %s", strerror(errno));
 	if (pid == 0) {
+		if (chdir("/") != 0)
+			_exit(2);
 		if (setgroups(0, NULL) != 0 && geteuid() == 0)
 			_exit(2);
 		if (setgid(gid) != 0 || setuid(uid) != 0)
+			_exit(2);
+		if (getuid() != uid || geteuid() != uid || (uid != 0 && setuid(0) == 0))
 			_exit(2);
 		_exit(nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0);
 	}
@@ -153,9 +157,40 @@ int gpucr_rundir_remove(const char *path, uid_t uid, gid_t gid,
 	}
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
 		return ERR("cannot empty %s as uid %u", path, (unsigned)uid);
+	/* Empty now, in a directory only root writes to: root removes the name. */
 	if (rmdir(path) != 0 && errno != ENOENT)
 		return ERR("cannot remove %s: %s", path, strerror(errno));
 	return 0;
+}
+
+/* PERSISTING keeps the run dir only when root made it: a plain file of
+ * root's, one link, never a symlink (the job's user owns the run dir and
+ * could otherwise keep it, and node memory, forever). */
+static int persisting(const char *path)
+{
+	char marker[4200];
+	struct stat st;
+
+	snprintf(marker, sizeof(marker), "%s/%s", path, GPUCR_PERSISTING);
+	return lstat(marker, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 &&
+	       st.st_nlink == 1;
+}
+
+int gpucr_rundir_remove(const char *path, uid_t uid, gid_t gid,
+			char *err, size_t errlen)
+{
+	struct stat st;
+
+	if (lstat(path, &st) != 0) {
+		if (errno == ENOENT)
+			return 0;
+		return ERR("cannot stat %s: %s", path, strerror(errno));
+	}
+	if (!S_ISDIR(st.st_mode))
+		return ERR("%s is not a directory, left alone", path);
+	if (persisting(path))
+		return 1;
+	return gpucr_dir_remove_as_user(path, uid, gid, err, errlen);
 }
 
 int gpucr_task_record(const char *path, const char *step, uint32_t localid,

@@ -10,7 +10,8 @@
 #include <sys/types.h>
 
 /* A file of this name in the run dir keeps it at job end (a checkpoint in
- * it is still being persisted). */
+ * it is still being persisted): only a regular file of root's; one the job's
+ * user made is ignored. */
 #define GPUCR_PERSISTING "PERSISTING"
 #define GPUCR_TASKS_DIR  "tasks"
 
@@ -20,11 +21,19 @@
 int gpucr_rundir_create(const char *path, uid_t uid, gid_t gid,
 			char *err, size_t errlen);
 
-/* Remove the run dir unless it holds PERSISTING.  The contents are removed
- * with the job user's identity.  Returns 0 (also when already gone), 1 when
- * kept, -1 on error with err set. */
+/* Remove the run dir unless it holds root's PERSISTING.  The contents are
+ * removed with the job user's identity.  Returns 0 (also when already gone),
+ * 1 when kept, -1 on error with err set. */
 int gpucr_rundir_remove(const char *path, uid_t uid, gid_t gid,
 			char *err, size_t errlen);
+
+/* A directory of the job's user in a directory only root writes to (the run
+ * dir, the staging dir): emptied as the user (uid:gid, no groups; never
+ * following links), then removed as root.  One of another owner, or not a
+ * directory, is left alone.  Returns 0 (also when already gone), -1 on
+ * error with err set. */
+int gpucr_dir_remove_as_user(const char *path, uid_t uid, gid_t gid,
+			     char *err, size_t errlen);
 
 /* tasks/<step>.<localid>: "pid=P\nrank=R\nlocal_id=L\nstep=S\n". */
 int gpucr_task_record(const char *path, const char *step, uint32_t localid,

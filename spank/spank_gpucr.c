@@ -9,8 +9,11 @@
  *   - the per-job run dir <rundir>/<jobid> on the node exists (job user,
  *     0700) and tasks/<step>.<localid> records each task's pid;
  *   - the job's image dir <imageroot>/<jobid> exists, the job user's alone
- *     (0700), or the task fails (imagedir.c).
- * The run dir is removed by the job epilog unless it holds PERSISTING.
+ *     (0700), or the task fails (imagedir.c);
+ *   - with a staging tier (stage=), <stage>/<jobid> in node memory exists,
+ *     the job user's alone, or the job does not stage there (one log line).
+ * The job epilog removes the run dir unless it holds root's PERSISTING, and
+ * starts the drain of <stage>/<jobid> as the job's user (drain_spawn.c).
  *
  * Failure rule: a job that did not ask for --gpucr never sees an error from
  * this plugin; one that did fails with a one-line "gpucr: ..." message in
@@ -23,6 +26,7 @@
  * (job_script context) where only job_epilog is called.
  */
 #include <errno.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -99,6 +103,24 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* <stage>/<jobid>, as root, for the job's user; a failure only means the job
+ * does not stage on this node (its preemptions write to the image root). */
+static void setup_stage(void)
+{
+	char stage[PATH_MAX], err[1024];
+
+	if (!site.stage[0])
+		return;
+	if (gpucr_expand_path(site.stage, step.nodename, stage, sizeof(stage)) != 0) {
+		slurm_error("gpucr: job %u: cannot name the staging dir (stage=%s): the job does not stage on %s",
+			    step.jobid, site.stage, step.nodename);
+		return;
+	}
+	if (gpucr_stagedir_create(stage, step.jobid, step.uid, step.gid, err, sizeof(err)) != 0)
+		slurm_error("gpucr: job %u: staging dir: %s; the job does not stage on %s",
+			    step.jobid, err, step.nodename);
+}
+
 static void setup_step(spank_t sp)
 {
 	char err[1024];
@@ -123,13 +145,17 @@ static void setup_step(spank_t sp)
 	}
 	/* As root, before any task of the job runs: the job's image dir is its user's alone. */
 	if (gpucr_imagedir_create(site.imageroot, step.jobid, step.uid, step.gid,
-				  err, sizeof(err)) != 0)
+				  err, sizeof(err)) != 0) {
 		fail("image dir: %s", err);
+		return;
+	}
+	setup_stage();
 }
 
 /* A --gpucr=off step of a --gpucr=on job (the restore of the job's ranks is
- * one): its tasks restore processes of the job, which need this node's run
- * dir, and an ordinary user cannot make it under the root-owned run root. */
+ * one, the node agents another): its tasks restore or checkpoint processes of
+ * the job, which need this node's run dir (and staging dir), and an ordinary
+ * user cannot make them under the root-owned roots. */
 static void setup_plain_step(spank_t sp)
 {
 	char err[1024], id[512];
@@ -140,8 +166,11 @@ static void setup_plain_step(spank_t sp)
 		return;
 	if (gpucr_submission_id(sp, step.uid, id, sizeof(id)) != 0)
 		return;   /* not a --gpucr=on job */
-	if (gpucr_rundir_create(step.rundir, step.uid, step.gid, err, sizeof(err)) != 0)
+	if (gpucr_rundir_create(step.rundir, step.uid, step.gid, err, sizeof(err)) != 0) {
 		slurm_error("gpucr: run dir: %s", err);
+		return;
+	}
+	setup_stage();  /* the node agents stage there, a rank restore reads it */
 }
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
@@ -281,12 +310,21 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 	}
 	if (gpucr_epilog_job(sp, &s, &jobid, &uid, &gid, path, sizeof(path)) != 0)
 		return 0;
+	if (gid == (gid_t)-1) {  /* not told: the user's own primary group */
+		struct passwd *pw = getpwuid(uid);
+
+		if (!pw) {
+			slurm_error("gpucr: job %u: epilog: no group of uid %u known", jobid, (unsigned)uid);
+			return 0;
+		}
+		gid = pw->pw_gid;
+	}
 	rc = gpucr_rundir_remove(path, uid, gid, err, sizeof(err));
 	if (rc < 0)
 		slurm_error("gpucr: job %u: %s", jobid, err);
 	else if (rc > 0)
 		slurm_info("gpucr: job %u: keeping %s (%s present)", jobid, path,
 			   GPUCR_PERSISTING);
-	gpucr_spawn_drain(&s, jobid);
+	gpucr_spawn_drain(&s, jobid, uid, gid, path);
 	return 0;
 }

@@ -101,13 +101,14 @@ def plugstack_args(cluster, args: str):
 
 @contextmanager
 def node_memory_stage(cluster, more_args: str = ""):
-    """A staging tier in each node's own folder in /dev/shm, made by the admin like
-    /dev/shm itself, on the plugin's line (with more_args) for the duration."""
+    """A staging tier in each node's own folder in /dev/shm, made by the admin (root's,
+    0755: the plugin makes each job's dir in it), on the plugin's line (with
+    more_args) for the duration."""
     root = Path(tempfile.mkdtemp(prefix="gpucr-stage-", dir="/dev/shm"))
     root.chmod(0o755)
     for node in ("n1", "n2", "n3"):
-        (root / node).mkdir(mode=0o1777)
-        (root / node).chmod(0o1777)
+        (root / node).mkdir(mode=0o755)
+        (root / node).chmod(0o755)
     try:
         with plugstack_args(cluster, f"stage={root}/%n stage_cap=50% {more_args}".rstrip()):
             yield root

@@ -119,3 +119,61 @@ def test_a_file_dumped_into_node_memory_unhashed_is_checksummed_by_the_drain(tmp
     assert rec["size"] == 3 << 20 and len(rec["sha256_blocks"]) == 1
     image_store.open_image(dest)
     assert contents(dest)["criu/pages-1.img"] == contents(staged)["criu/pages-1.img"]
+
+
+# --- what the drain never follows: it runs as the job's user in the user's own
+# directories (spank/drain_spawn.c), and reads and writes the files themselves.
+
+def test_a_staged_file_that_is_a_symlink_is_not_copied(tmp_path):
+    """A staged file swapped for a link to a file the link's maker could not read
+    through the drain (root's node key, /etc/shadow): the drain stops, nothing copied."""
+    staged = staged_image(tmp_path / "stage" / "u")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"k" * 4096)
+    pages = staged / "criu" / "pages-1.img"
+    pages.unlink()
+    pages.symlink_to(secret)
+    dest = tmp_path / "root" / "u"
+    with pytest.raises(GpucrError) as e:
+        drain.drain_image(staged, dest)
+    assert "\n" not in e.value.one_line()
+    assert not dest.exists()
+
+
+def test_a_staged_manifest_that_is_a_symlink_is_not_read(tmp_path):
+    staged = staged_image(tmp_path / "stage" / "u")
+    real = tmp_path / "elsewhere.json"
+    (staged / mf.MANIFEST).rename(real)
+    (staged / mf.MANIFEST).symlink_to(real)
+    dest = tmp_path / "root" / "u"
+    with pytest.raises(GpucrError):
+        drain.drain_image(staged, dest)
+    assert not dest.exists()
+
+
+def test_a_destination_that_is_a_symlink_to_an_empty_directory_is_refused(tmp_path):
+    staged = staged_image(tmp_path / "stage" / "u")
+    target = tmp_path / "somewhere-else"
+    target.mkdir()
+    dest = tmp_path / "root" / "u"
+    dest.parent.mkdir(parents=True)
+    dest.symlink_to(target)
+    with pytest.raises(GpucrError, match="symlink"):
+        drain.drain_image(staged, dest)
+    assert dest.is_symlink() and not any(target.iterdir())
+
+
+def test_the_manifests_temporary_file_is_never_followed(tmp_path):
+    """A link planted where write_atomic's temporary file goes is replaced, never
+    written through."""
+    import threading
+
+    victim = tmp_path / "victim"
+    victim.write_text("theirs")
+    path = tmp_path / "gen" / mf.MANIFEST
+    path.parent.mkdir()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_native_id()}")
+    tmp.symlink_to(victim)
+    mf.write_atomic(path, b"{}\n")
+    assert victim.read_text() == "theirs"
+    assert path.read_bytes() == b"{}\n" and not path.is_symlink()

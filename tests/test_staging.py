@@ -46,8 +46,8 @@ def test_a_stage_cap_that_is_neither_is_one_line_naming_the_setting(cap):
 def site(tmp_path, monkeypatch):
     """A site whose plugstack.conf has a staging tier, as an admin writes it."""
     (tmp_path / "images").mkdir()
-    for node in ("n1", "n2"):  # made by the admin on each node, like /dev/shm
-        (tmp_path / "stage" / node).mkdir(parents=True, mode=0o1777)
+    for node in ("n1", "n2"):  # made by the admin on each node: root's, 0755
+        (tmp_path / "stage" / node).mkdir(parents=True, mode=0o755)
     (tmp_path / "slurm.conf").write_text("ClusterName=t\nSlurmctldHost=localhost\n")  # for scontrol hostnames
     (tmp_path / "plugstack.conf").write_text(
         f"optional /usr/local/lib/gpucr/spank_gpucr.so imageroot={tmp_path / 'images'} "
@@ -61,6 +61,7 @@ def site(tmp_path, monkeypatch):
 
 def test_the_budget_takes_units_until_the_cap(site):
     st = os.statvfs(Path(site.stage.replace("%n", "n1")))
+    (Path(site.stage.replace("%n", "n1")) / "7").mkdir(mode=0o700)  # as the plugin makes it
     budget = staging.Budget(site, "7")
     assert budget.dir == Path(site.stage.replace("%n", "n1")) / "7"
     half = st.f_blocks * st.f_frsize // 2
@@ -381,8 +382,7 @@ def test_two_drains_of_one_job_on_a_node_take_turns(site):
 
 def test_a_stage_on_hugetlbfs_is_not_used_and_the_units_go_to_the_image_root(tmp_path, monkeypatch, hugetlbfs_dir):
     # hugetlbfs takes no write(2): CRIU and the GPU data could not be written there.
-    (hugetlbfs_dir / "n1").mkdir()
-    (hugetlbfs_dir / "n1").chmod(0o1777)
+    (hugetlbfs_dir / "n1" / "7").mkdir(parents=True, mode=0o700)
     (tmp_path / "plugstack.conf").write_text(
         f"optional /usr/local/lib/gpucr/spank_gpucr.so imageroot={tmp_path} stage={hugetlbfs_dir}/%n\n")
     (tmp_path / "slurm.conf").write_text("ClusterName=t\n")
@@ -399,3 +399,78 @@ def test_a_restore_log_line_says_where_the_time_went():
     assert batch_restore.phases_said({}) == ""
     kept = batch_restore.phases_said({"criu_restore_s": 0.6, "gpu_fill_s": 0.001, "gpu_arenas_kept": 1})
     assert kept == " (CRIU 0.60 s, 1 arena(s) as the checkpoint left them in node memory)"
+
+
+# --- the drain is the job's user, and the staging dir the plugin's (spank/imagedir.c)
+
+def test_the_drain_refuses_a_staging_dir_it_does_not_own_root_too(site):
+    """A drain as root in a user's directory is what let the user's links make root
+    write and read anywhere: `gpucr-hpc drain` runs only as the owner of
+    <stage>/<jobid>, and says so in one line otherwise."""
+    if os.geteuid() != 0:
+        pytest.skip("needs a staging dir of another uid")
+    gen = job_generation(site, "30", 1, {"rank-0.0": "n1"})
+    folder = staging.job_stage(site, "30", "n1")
+    os.chown(folder, 65534, -1)
+    before = image_store.tree_digest(folder)
+    r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "drain", "30"], capture_output=True, text=True)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode != 0 and len(lines) == 1 and "belongs to uid 65534" in lines[0], r.stderr
+    assert generations.is_staged(gen) and not (gen / "rank-0.0").exists() and not (gen / generations.DRAINING).exists()
+    assert image_store.tree_digest(folder) == before
+    with pytest.raises(GpucrError, match="belongs to uid 65534"):
+        drain.drain_job("30")
+
+
+def test_the_drain_refuses_a_staging_dir_that_is_a_link_or_open_to_others(site, tmp_path):
+    gen = job_generation(site, "31", 1, {"rank-0.0": "n1"})
+    folder = staging.job_stage(site, "31", "n1")
+    folder.chmod(0o777)
+    with pytest.raises(GpucrError, match="writable by other users"):
+        drain.drain_job("31")
+    folder.chmod(0o700)
+    moved = tmp_path / "moved"
+    folder.rename(moved)
+    folder.symlink_to(moved)
+    with pytest.raises(GpucrError, match="not a directory"):
+        drain.drain_job("31")
+    assert generations.is_staged(gen)
+
+
+def test_the_heartbeat_never_touches_through_a_link(site, tmp_path):
+    gen = job_generation(site, "32", 1, {"rank-0.0": "n1"})
+    victim = tmp_path / "victim"
+    victim.write_text("theirs")
+    old = time.time() - 3600
+    os.utime(victim, (old, old))
+    (gen / generations.DRAINING).mkdir(mode=0o700)
+    (gen / generations.DRAINING / "n1").symlink_to(victim)
+    with pytest.raises(OSError):
+        generations.heartbeat(gen, "n1")
+    assert victim.read_text() == "theirs" and victim.stat().st_mtime == pytest.approx(old)
+
+
+def test_a_job_stages_only_into_its_own_staging_dir_as_the_plugin_made_it(site, tmp_path):
+    """Nothing but the plugin makes <stage>/<jobid>: the agent stages into one that is
+    there, a directory of its own user that no one else writes; else the units go to
+    the image root. A restore reads node memory only from such a one too."""
+    stage = Path(site.stage.replace("%n", "n1"))
+    assert staging.Budget(site, "33").dir is None and not (stage / "33").exists(), "none made by the agent"
+    (stage / "33").mkdir(mode=0o700)
+    assert staging.Budget(site, "33").dir == stage / "33"
+    (stage / "33").chmod(0o777)
+    assert staging.Budget(site, "33").dir is None
+    (stage / "33").rmdir()
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (stage / "33").symlink_to(tmp_path / "elsewhere")
+    assert staging.Budget(site, "33").dir is None
+    if os.geteuid() == 0:
+        (stage / "33").unlink()
+        (stage / "33").mkdir(mode=0o700)
+        os.chown(stage / "33", 65534, -1)  # another user's, left from an earlier job of the id
+        assert staging.Budget(site, "33").dir is None
+        gen = job_generation(site, "34", 1, {"rank-0.0": "n1"})
+        unit = generations.manifest_of(gen)["units"]["rank-0.0"]
+        assert unit_source.in_memory_here(gen, unit, "34") is not None
+        os.chown(staging.job_stage(site, "34", "n1"), 65534, -1)
+        assert unit_source.in_memory_here(gen, unit, "34") is None

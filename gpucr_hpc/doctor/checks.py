@@ -222,7 +222,8 @@ def small_pages_note(path: Path) -> str:
 
 
 def stage(site) -> Check:
-    """The staging tier (plugstack stage=): node memory every job user can write to."""
+    """The staging tier (plugstack stage=): node memory, root's; the plugin makes each
+    job's <stage>/<jobid> in it for the job's user (spank/imagedir.c)."""
     from gpucr_hpc.job import staging
     from gpucr_hpc.slurm.site import expand
 
@@ -237,11 +238,15 @@ def stage(site) -> Check:
         return Check("staging tier", False, e.cause, e.fix)
     except OSError as e:
         return Check("staging tier", False, f"{path} (stage=): {e.strerror}",
-                     f"mkdir -m 1777 {path} on every node, on a tmpfs")
+                     f"mkdir -m 0755 {path} on every node, on a tmpfs")
     mode = stat.S_IMODE(st.st_mode)
-    if not stat.S_ISDIR(st.st_mode) or mode != 0o1777:
-        return Check("staging tier", False, f"{path} (stage=) is mode {mode:04o}: job users cannot stage there",
-                     f"chmod 1777 {path}, as /dev/shm is")
+    if not stat.S_ISDIR(st.st_mode):
+        return Check("staging tier", False, f"{path} (stage=) is not a directory: no job stages there",
+                     f"mkdir -m 0755 {path} on every node, on a tmpfs")
+    if st.st_uid != 0 or mode & 0o022:
+        return Check("staging tier", False, f"{path} (stage=) is mode {mode:04o}, owned by uid {st.st_uid}: "
+                     "users could plant, fill or swap other jobs' staging dirs there, so no job stages there",
+                     f"chown root {path}; chmod 0755 {path} (the plugin makes each job's own dir in it)")
     kind = fs_type(path)
     if kind in UNWRITABLE_FS:
         return Check("staging tier", False, f"{path} (stage=) is on {kind}, which takes no written files: "

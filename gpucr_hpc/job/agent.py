@@ -215,9 +215,8 @@ def stage_units(job: dict, gen_dir: Path, units: list[Unit], trees: dict[str, li
     chosen = [u for u in sorted(units, key=lambda u: u.name) if budget.take(staging.image_bytes(trees[u.name]))]
     if not chosen or budget.dir is None:
         return {}
-    folder = budget.dir / gen_dir.name
+    folder = budget.dir / gen_dir.name  # budget.dir: the plugin made it, this user's alone
     try:
-        budget.dir.mkdir(mode=0o700, exist_ok=True)
         folder.mkdir(mode=0o700)
     except OSError:
         return {}  # not ours to write: straight to the image root

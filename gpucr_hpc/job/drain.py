@@ -1,6 +1,6 @@
 """The drain of a job's staged generations on one node: from node memory to the image root.
 
-    gpucr-hpc drain JOBID      (run by the plugin's job epilog, as root, detached)
+    gpucr-hpc drain JOBID      (run by the plugin's job epilog as the job's user, detached)
 
 A preemption on a site with a staging tier (plugstack.conf stage=) writes each
 unit into node memory, <stage>/<jobid>/gen-N/<unit>, so the job ends as soon
@@ -10,6 +10,10 @@ unit is drained to the image root (store/drain.py: checked against its
 checksums, durable), this node's drained/ mark is written, and the node that
 drains last commits the generation (generations.finish_drain). A restore of the job on this node
 reads the staged copies meanwhile (job/unit_source.py); they go once it is done.
+The drain is the job's user (spank/drain_spawn.c), never root: it works only
+in the user's own directories, <stage>/<jobid> and <image root>/<jobid>, and
+refuses a staging dir that is not its own (root included), so what it reads
+and writes is what the user may. The plugin removes <stage>/<jobid> after it.
 The drains of one job on a node take turns, and a generation a checkpoint is
 still writing (the job back here and preempted again) is left to its own; one
 whose checkpoint is gone (nobody holds the job's lock) loses its staged copies.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +38,7 @@ from pathlib import Path
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import batch_restore, events, generations, staging
+from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import drain as store_drain
@@ -92,10 +98,12 @@ def drain_job(jobid: str) -> list[str]:
     site = load_site()
     node = node_name()
     root = staging.job_stage(site, jobid)
-    if root is None or not root.is_dir():
+    if root is None or not os.path.lexists(root):
         return []
+    mine(root)
     job_dir = site.job_image_dir(jobid)
-    uid = job_dir.stat().st_uid
+    uid = os.geteuid()
+    job_dirs.check(job_dir, uid)  # the user's alone, or refused (never written through)
     batch_restore.open_log(job_dir)
     with staging.held(root, exclusive=True):  # one drain of the job at a time on a node
         errors = _drain_staged(root, job_dir, uid, node, jobid)
@@ -104,6 +112,24 @@ def drain_job(jobid: str) -> list[str]:
     except OSError:
         pass
     return errors
+
+
+def mine(root: Path) -> None:
+    """The drain runs only as the owner of <stage>/<jobid>: root too is refused one
+    it does not own (a drain as root in a user's directory is what let a user's
+    links make root write and read where the user may not)."""
+    try:
+        st = os.lstat(root)
+    except OSError as e:
+        raise GpucrError(f"cannot check {root}: {e.strerror}", "the job epilog drains it as the job's user") from e
+    if not stat.S_ISDIR(st.st_mode):
+        raise GpucrError(f"{root} is not a directory", "nothing is drained from it; ask an admin to remove it")
+    if st.st_uid != os.geteuid():
+        raise GpucrError(f"{root} belongs to uid {st.st_uid}, this drain runs as uid {os.geteuid()}",
+                         "the job epilog drains it as the job's user; run it as that user, never as root")
+    if st.st_mode & 0o022:
+        raise GpucrError(f"{root} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})",
+                         "nothing is drained from it; ask an admin to remove it")
 
 
 def in_flight(gen_dir: Path) -> bool:

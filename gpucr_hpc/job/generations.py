@@ -223,7 +223,6 @@ def finish_drain(gen_dir: Path, node: str) -> bool:
     gen_dir = Path(gen_dir)
     (gen_dir / DRAINED).mkdir(mode=0o700, exist_ok=True)
     mf.write_atomic(gen_dir / DRAINED / node, b"")
-    _as_owner(gen_dir, gen_dir / DRAINED, gen_dir / DRAINED / node)
     m = json.loads((gen_dir / mf.MANIFEST).read_text())
     if (gen_dir / DRAIN_FAILED).exists():
         return False  # given up on (another node was lost): never committed now
@@ -248,11 +247,16 @@ def drained_nodes(gen_dir: Path) -> set[str]:
 
 
 def heartbeat(gen_dir: Path, node: str) -> None:
-    """Said by a running drain, every HEARTBEAT_S: this node is still at it."""
+    """Said by a running drain (the job's user), every HEARTBEAT_S: this node is still
+    at it. Never through a link: the mark is touched on a descriptor of a file made
+    or opened without following one."""
     folder = Path(gen_dir) / DRAINING
     folder.mkdir(mode=0o700, exist_ok=True)
-    (folder / node).touch()
-    _as_owner(Path(gen_dir), folder, folder / node)
+    fd = os.open(folder / node, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+    try:
+        os.utime(fd)
+    finally:
+        os.close(fd)
 
 
 def drain_stopped(gen_dir: Path, node: str, now: float | None = None) -> bool:
@@ -264,21 +268,12 @@ def drain_stopped(gen_dir: Path, node: str, now: float | None = None) -> bool:
     return (now or time.time()) - seen > DRAIN_STOPPED_S
 
 
-def _as_owner(gen_dir: Path, *paths: Path) -> None:
-    """What root's drain writes into a job's generation is the job user's, like the rest."""
-    if os.geteuid() == 0:
-        uid = gen_dir.stat().st_uid
-        for p in paths:
-            os.chown(p, uid, -1)
-
-
 def fail_drain(gen_dir: Path, node: str, why: str) -> Path | None:
     """A drain that failed: DRAIN_FAILED says why, and LATEST goes back to the
     previous committed generation of the submission (returned; None: there is none)."""
     gen_dir = Path(gen_dir)
     job_dir = gen_dir.parent
     mf.write_atomic(gen_dir / DRAIN_FAILED, f"{node}: {why}\n".encode())
-    _as_owner(gen_dir, gen_dir / DRAIN_FAILED)
     submission = generation_submission(gen_dir)
     earlier = [p for p in committed_of(job_dir, submission) if p != gen_dir]
     if read_pointer(job_dir, LATEST) == gen_dir:

@@ -1,14 +1,19 @@
 """The staging tier: node memory a preemption writes its units to first.
 
 A site names it in plugstack.conf (stage=, a tmpfs directory on every node,
-writable by all like /dev/shm; %n is the node's name; not hugetlbfs, which
+root's and writable by root only; %n is the node's name; not hugetlbfs, which
 takes no write(2), so CRIU could write no image there) and caps
 what staged checkpoints may take of it (stage_cap=: a share such as 50% of the
 file system, or a size such as 64G). A unit that would not fit under the cap
 is written straight to the image root, as without a staging tier.
 
 Layout: <stage>/<jobid>/gen-N/<unit>, the unit's whole image (the same files
-the image root would get); the job's user owns <stage>/<jobid>.
+the image root would get). The plugin makes <stage>/<jobid> as root when a
+step of the job starts on the node (the job user's, 0700; spank/imagedir.c)
+and removes it when the job has ended there and its drain is done
+(spank/drain_spawn.c). Nothing here makes it: a job stages only into one that
+is there, a directory (not a link), its own (this process's euid) and
+writable by no one else (usable()); else its units go to the image root.
 
 A restore on the node that staged a unit reads it there (job/unit_source.py)
 under a shared flock of <stage>/<jobid>/gen-N; the drain takes it exclusively
@@ -21,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +43,18 @@ def job_stage(site: Site, jobid: str, node: str | None = None) -> Path | None:
     if not site.stage:
         return None
     return Path(expand(site.stage, node)) / str(jobid)
+
+
+def usable(folder: Path | None) -> bool:
+    """<stage>/<jobid> as the plugin made it for this process's user: a directory,
+    not a symlink, owned by the euid, not writable by group or others."""
+    if folder is None:
+        return False
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
 
 
 @contextmanager
@@ -103,8 +121,10 @@ class Budget:
     def __init__(self, site: Site, jobid: str):
         self.dir = job_stage(site, jobid)
         self.left = 0
-        if self.dir is None:
+        if not usable(self.dir):  # none made for this job here, or not this user's alone
+            self.dir = None
             return
+        assert self.dir is not None
         root = self.dir.parent
         try:
             st = os.statvfs(root)

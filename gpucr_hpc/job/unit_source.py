@@ -33,8 +33,11 @@ def in_memory_here(gen: Path, unit: dict, staged_as: str) -> Path | None:
     if not unit.get("staged") or unit["node"] != node_name() or not generations.is_staged(gen):
         return None
     folder = staging.job_stage(load_site(), staged_as)
-    copy = folder / gen.name / unit["name"] if folder else None
-    return copy if copy is not None and copy.is_dir() else None
+    if not staging.usable(folder):  # only this user's own staging dir, as the plugin made it
+        return None
+    assert folder is not None
+    copy = folder / gen.name / unit["name"]
+    return copy if copy.is_dir() else None
 
 
 def locate(gen: Path, unit: dict, staged_as: str, reading: ExitStack, verified: bool) -> tuple[Path, bool, str]:

@@ -16,12 +16,21 @@ joined into the .h5 file here, checksummed as it is written.
 A drain that fails for any reason (disk full, a checksum, the file system
 gone) removes what it wrote and says why in one line; the staged image is
 left as it was.
+
+The drain runs as the job's user (spank/drain_spawn.c), in the user's own
+directories: what it writes is the user's as it is made, never chowned.
+Still, a staged file or the manifest is never read through a symlink, and a
+destination that is a symlink is refused: the image is what the checkpoint
+wrote, not what a link points at.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
@@ -34,7 +43,7 @@ def _copy_checked(src: Path, dst: Path, rec: dict) -> dict:
     """Copy one file; its record as the drained image has it: checked against the
     staged record's checksum, or checksummed now where the staged one has none."""
     dst.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    size, blocks = image_store.copy_with_block_sha256(src, dst)
+    size, blocks = image_store.copy_with_block_sha256(src, dst, nofollow=True)
     if size != rec["size"]:
         raise GpucrError(f"{src} has {size} bytes, its manifest says {rec['size']}",
                          "the staged image is damaged; the job restores from its previous generation")
@@ -58,6 +67,8 @@ def _compose(staged: Path, dst: Path, rec: dict) -> dict:
     if any(image_store.outside(n) for n in names):
         raise GpucrError(f"staged image {staged}: bad file name among {names!r}", "checkpoint the job again")
     segments = [(staged / f, a, n) for f, a, n in parts]
+    for name in names:
+        _not_a_link(staged / name, "staged file")
     try:
         size, blocks = gpu_data.compose(staged / layout, segments, dst,
                                         block_bytes=image_store.HASH_BLOCK)
@@ -70,13 +81,57 @@ def _compose(staged: Path, dst: Path, rec: dict) -> dict:
     return {"size": size, "sha256_blocks": blocks, "block_bytes": image_store.HASH_BLOCK}
 
 
+def _not_a_link(path: Path, what: str) -> None:
+    if path.is_symlink():
+        raise GpucrError(f"the {what} {path} is a symlink", "nothing is drained through a link; the job restores "
+                         "from its previous generation")
+
+
+def _vouched(marker: bytes) -> str | None:
+    try:
+        return json.loads(marker).get("manifest_sha256")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _decoded(data: bytes) -> dict | None:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _read_nofollow(path: Path) -> bytes:
+    """A staged file's bytes, the file itself and never what a symlink names."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise GpucrError(f"cannot read {path}: {e.strerror}",
+                         "the staged image is damaged; the job restores from its previous generation") from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise GpucrError(f"{path} is not a regular file",
+                             "the staged image is damaged; the job restores from its previous generation")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def drain_image(staged: Path, dest: Path) -> int:
     """Copy the committed image `staged` to the new directory `dest`; returns its bytes.
     On any failure `dest` is removed and a GpucrError says why."""
     staged, dest = Path(staged), Path(dest)
+    _not_a_link(staged, "staged image")
+    _not_a_link(dest, "drain destination")
     m = mf.load(staged)
-    data, marker = (staged / mf.MANIFEST).read_bytes(), (staged / mf.COMMITTED).read_bytes()
-    created = not dest.exists()
+    data, marker = _read_nofollow(staged / mf.MANIFEST), _read_nofollow(staged / mf.COMMITTED)
+    if _vouched(marker) != hashlib.sha256(data).hexdigest() or _decoded(data) != m:
+        raise GpucrError(f"staged image {staged}: its manifest changed while it was read",
+                         "the staged image is damaged; the job restores from its previous generation")
+    created = not os.path.lexists(dest)
     try:
         image_store.prepare_new(dest)
         files = {}
@@ -95,8 +150,6 @@ def drain_image(staged: Path, dest: Path) -> int:
             mf.write_atomic(dest / mf.COMMITTED, marker)
         else:
             mf.commit(dest, {**m, "files": files})
-        if m.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
-            image_store.chown_tree(dest, m["owner_uid"])
         mf.fsync_dir(dest.parent)
     except (GpucrError, OSError) as e:
         if created:

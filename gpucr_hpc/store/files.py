@@ -32,6 +32,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,18 +106,22 @@ def prepare_new(path: Path) -> Path:
     return path
 
 
-def copy_with_block_sha256(src: Path, dst: Path, workers: int = HASH_WORKERS) -> tuple[int, list[str]]:
+def copy_with_block_sha256(src: Path, dst: Path, workers: int = HASH_WORKERS,
+                           nofollow: bool = False) -> tuple[int, list[str]]:
     """Copy src to a new file dst (fsync'd), returning (size, sha256 of each HASH_BLOCK).
+    nofollow: src must be a regular file itself, not a symlink to one (ELOOP).
 
     Several workers take whole blocks: each reads its block, hashes it, writes it
     and hands it to the disk at once (hashlib, pread and pwrite release the GIL),
     so hashing runs beside the disk instead of before or after it."""
-    st = os.stat(src)
-    size = st.st_size
-    blocks = (size + HASH_BLOCK - 1) // HASH_BLOCK
-    fi = os.open(src, os.O_RDONLY)
+    fi = os.open(src, os.O_RDONLY | os.O_CLOEXEC | (os.O_NOFOLLOW | os.O_NONBLOCK if nofollow else 0))
     try:
-        fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        st = os.fstat(fi)
+        if nofollow and not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{src} is not a regular file")
+        size = st.st_size
+        blocks = (size + HASH_BLOCK - 1) // HASH_BLOCK
+        fo = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             def one(i: int) -> str:
                 h = hashlib.sha256()
@@ -137,11 +142,11 @@ def copy_with_block_sha256(src: Path, dst: Path, workers: int = HASH_WORKERS) ->
             with ThreadPoolExecutor(max_workers=max(1, min(workers, blocks))) as ex:
                 digests = list(ex.map(one, range(blocks)))
             os.fsync(fo)
+            os.fchmod(fo, st.st_mode & 0o777 | 0o600)
         finally:
             os.close(fo)
     finally:
         os.close(fi)
-    os.chmod(dst, st.st_mode & 0o777 | 0o600)
     return size, digests
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -50,8 +51,12 @@ def fsync_dir(path: Path) -> None:
 def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """write + fsync + rename + fsync(dir): the file is either old or new, never half."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_native_id()}")
+    try:  # a stale one of an earlier process of this pid; a link there is removed, never followed
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         view = memoryview(data)
         while view:
