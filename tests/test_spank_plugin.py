@@ -318,7 +318,9 @@ def test_bad_value_rejected_before_submission(spank, tool):
     assert spank.run("squeue", "-h", "-o", "%i").stdout.split() == before
 
 
-def test_run_dir_kept_while_persisting(spank):
+def test_run_dir_kept_while_persisting(spank, test_user):
+    """Root's PERSISTING keeps the run dir at job end; one the job's user made (the
+    run dir is theirs) does not: it would keep it, and node memory, forever."""
     jobid, rc, out = spank.batch('touch "$GPUCR_RUN_DIR/PERSISTING"\necho "$GPUCR_RUN_DIR"\n',
                                  "--gpucr=on", "-N1")
     assert rc == 0, out
@@ -326,8 +328,45 @@ def test_run_dir_kept_while_persisting(spank):
     time.sleep(3)  # the epilog has run by now
     try:
         assert rundir.is_dir() and (rundir / "PERSISTING").exists()
+        assert (rundir / "PERSISTING").stat().st_uid == 0
     finally:
         shutil.rmtree(rundir, ignore_errors=True)
+    jobid, rc, out = spank.batch('touch "$GPUCR_RUN_DIR/PERSISTING"\necho "$GPUCR_RUN_DIR"\n'
+                                 'ls -ln "$GPUCR_RUN_DIR"\n', "--gpucr=on", "-N1", user=TEST_USER)
+    assert rc == 0 and "PERSISTING" in out, out
+    rundir = Path(out.splitlines()[0])
+    try:
+        assert spank.wait_gone(rundir), "the user's own PERSISTING kept the run dir"
+    finally:
+        shutil.rmtree(rundir, ignore_errors=True)
+
+
+def test_staging_dir_is_made_for_the_job_user_and_removed_after(spank, test_user):
+    """stage=: the plugin makes <stage>/<jobid> as root for the job's user (0700) at
+    step setup, and the epilog removes it, with what the job left there, once the
+    job has ended. A stage root users can write to (1777) is not used, and the job
+    runs all the same (it does not stage)."""
+    stage = spank.root / "nodes" / "%n" / "stage"
+    for node in ("n1", "n2", "n3"):
+        (spank.root / "nodes" / node / "stage").mkdir(parents=True, exist_ok=True)
+        (spank.root / "nodes" / node / "stage").chmod(0o755)
+    spank.configure(spank.line(stage=str(stage)))
+    try:
+        script = ('d=$(dirname $GPUCR_RUN_DIR); d=$(dirname $d)/stage/$SLURM_JOB_ID\n'
+                  'echo "$d"; stat -c "%u %a %F" "$d"; head -c 1M /dev/zero > "$d/left"; true\n')
+        jobid, rc, out = spank.batch(script, "--gpucr=on", "-N1", user=TEST_USER)
+        assert rc == 0, out
+        lines = out.splitlines()
+        where = Path(lines[0])
+        assert lines[1] == f"{test_user.pw_uid} 700 directory", out
+        assert spank.wait_gone(where), f"{where} outlived the job"
+        node = where.parent.parent.name
+        (spank.root / "nodes" / node / "stage").chmod(0o1777)
+        jobid, rc, out = spank.batch(script, "--gpucr=on", "-N1", "-w", node, user=TEST_USER)
+        assert rc == 0 and "No such file" in out, out
+        assert not (spank.root / "nodes" / node / "stage" / jobid).exists()
+    finally:
+        spank.configure(spank.line())
 
 
 def test_setup_failure_fails_only_gpucr_jobs(spank):
