@@ -60,3 +60,62 @@ def test_restore_pointer_linked_to_a_root_file(users, job_dir, secret):
     untouched(secret)
     assert (job_dir / generations.RESTORE).lstat().st_uid == users[0].pw_uid
     assert (job_dir / generations.RESTORE).read_text() == "gen-1\n"
+
+
+# -- a job Slurm forgot, brought back by root: whose it is comes from its directory -------
+
+@pytest.fixture
+def forgotten_job(users, users_tmp, monkeypatch):
+    """A site whose image root holds job 4242, which Slurm no longer knows: its
+    directory the user's (the plugin made it), everything in it written by the user."""
+    etc = users_tmp / "etc"
+    etc.mkdir()
+    (etc / "slurm.conf").write_text("ClusterName=gpucrattack\n")
+    root = users_tmp / "images"
+    root.mkdir(mode=0o755)
+    (etc / "plugstack.conf").write_text(f"required /opt/gpucr-hpc/lib/gpucr/spank_gpucr.so imageroot={root}\n")
+    monkeypatch.setenv("SLURM_CONF", str(etc / "slurm.conf"))
+    user = users[0]
+    job_dir = owned_dir(root / "4242", user)
+    job_dir.chmod(0o700)
+    gen = owned_dir(job_dir / "gen-1", user)
+    return user, gen
+
+
+def crafted(gen: Path, user, owner_uid, script: str | None = "#!/bin/sh\nid -u > /tmp/gpucr-attack-ran\n") -> None:
+    from gpucr_hpc.store import manifest as mf
+
+    m = {"format": mf.FORMAT, "format_version": mf.FORMAT_VERSION, "owner_uid": owner_uid, "nodes": ["n1"],
+         "units": {"rank-0": {}},
+         "job": {"std_out": "/tmp/gpucr-attack.out", "partition": "debug"}}
+    mf.commit(gen, m)
+    if script is not None:
+        (gen / "script").write_text(script)
+    for p in [gen, *gen.iterdir()]:
+        os.lchown(p, user.pw_uid, user.pw_gid)
+
+
+@pytest.mark.parametrize("owner_uid", [0, None, "other"])
+def test_a_forgotten_job_is_never_submitted_as_anyone_but_its_directorys_owner(forgotten_job, users, owner_uid):
+    """The user's own manifest names root (or nobody, or another user) as the owner:
+    root's `restore JOBID` must not submit the user's script as that uid."""
+    from gpucr_hpc.job import coordinator
+
+    user, gen = forgotten_job
+    crafted(gen, user, users[1].pw_uid if owner_uid == "other" else owner_uid)
+    with pytest.raises(GpucrError) as e:
+        coordinator.resubmit("4242")
+    assert f"belongs to uid {user.pw_uid}" in e.value.cause, e.value.one_line()
+
+
+def test_a_forgotten_jobs_script_is_read_as_its_user(forgotten_job, secret):
+    """The script's copy is a link to a root-only file: root never reads it for them."""
+    from gpucr_hpc.job import coordinator
+
+    user, gen = forgotten_job
+    crafted(gen, user, user.pw_uid, script=None)
+    (gen / "script").symlink_to(secret)
+    with pytest.raises(GpucrError) as e:
+        coordinator.resubmit("4242")
+    assert "script" in e.value.cause, e.value.one_line()
+    untouched(secret)

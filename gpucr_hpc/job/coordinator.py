@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import stat
 import subprocess
 import sys
 import threading
@@ -259,6 +261,27 @@ def _requeue(job: slurm.Job) -> dict:
     return {"gpu_steering": steered} if steered else {}
 
 
+def _read_script(target) -> str | None:
+    """The generation's copy of the batch script: a regular file, never through a link."""
+    try:
+        fd = os.open(target / "script", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise GpucrError(f"cannot read {target / 'script'}: {e.strerror}", "bring back a checkpoint of your own")
+    with os.fdopen(fd, errors="replace") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise GpucrError(f"{target / 'script'} is not a regular file", "bring back a checkpoint of your own")
+        return f.read()
+
+
+def _group_of(uid: int) -> int:
+    try:
+        return pwd.getpwuid(uid).pw_gid
+    except KeyError:
+        return uid
+
+
 def restore(jobid: str, gen: int | None = None) -> dict:
     """Restore a job that is not running from a committed generation (default: the newest).
 
@@ -299,17 +322,29 @@ def resubmit(jobid: str, gen: int | None = None) -> dict:
     job: `restore JOBID --from N --resubmit`), submitted again from its
     committed generation: as its user, with its output files, node count and
     partition, and GPUCR_RESTORE_FROM naming the generation, which the new job
-    (a new id) restores when it starts (generations.start_target)."""
+    (a new id) restores when it starts (generations.start_target).
+
+    Whose job it is comes from the job directory's owner (the plugin made it for
+    the job's user), never from the manifest, which is the user's file: root reads
+    the generation and the script as that user, and submits as that user."""
     site = load_site()
     require_plugin(site)
     job_dir = site.job_image_dir(jobid)
-    target = generations.any_committed(job_dir, gen)
-    m = mf.load(target)
+    if not os.path.isdir(job_dir):
+        generations.any_committed(job_dir, gen)  # says there is no checkpoint
+    owner = job_dirs.owner(job_dir)
+    if os.geteuid() not in (0, owner):
+        raise GpucrError(f"the checkpoints of job {jobid} belong to uid {owner}, you are uid {os.geteuid()}",
+                         "only the job's owner or root can bring it back")
+    with job_dirs.as_owner(owner):
+        target = generations.any_committed(job_dir, gen)
+        m = mf.load(target)
+        script = _read_script(target)
     job = m.get("job") or {}
-    if os.geteuid() not in (0, m.get("owner_uid")):
-        raise GpucrError(f"the checkpoints of job {jobid} belong to uid {m.get('owner_uid')}, "
-                         f"you are uid {os.geteuid()}", "only the job's owner or root can bring it back")
-    if not (target / "script").exists():
+    if m.get("owner_uid") != owner:
+        raise GpucrError(f"{target} names uid {m.get('owner_uid')} as its owner, but {job_dir} belongs to uid "
+                         f"{owner}", "bring back only a job whose checkpoint its own user made")
+    if script is None:
         raise GpucrError(f"job {jobid} is not known to Slurm and {target.name} holds no copy of its "
                          "batch script (checkpointed by an older gpucr-hpc)",
                          f"submit the same script again with sbatch --gpucr=on -N {len(m.get('nodes', []))} "
@@ -320,8 +355,8 @@ def resubmit(jobid: str, gen: int | None = None) -> dict:
             f"--output={job['std_out']}", f"--error={job.get('std_err') or job['std_out']}",
             f"--export=ALL,GPUCR_RESTORE_FROM={target}"]
     argv += [f"--partition={job['partition']}"] if job.get("partition") else []
-    if os.geteuid() == 0 and m.get("owner_uid") not in (None, 0):
-        argv += [f"--uid={m['owner_uid']}"]  # root brings a user's job back as that user
-    out = slurm.run(*argv, str(target / "script"))
+    if os.geteuid() == 0 and owner != 0:
+        argv += [f"--uid={owner}", f"--gid={_group_of(owner)}"]  # root brings a user's job back as that user
+    out = slurm.run(*argv, stdin=script)
     new_id = out.stdout.strip().split(";")[0]
     return {"job": jobid, "generation": target.name, "requeued": False, "resubmitted_as": new_id}

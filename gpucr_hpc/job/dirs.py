@@ -47,6 +47,19 @@ def as_owner(uid: int) -> Iterator[None]:
         yield
 
 
+def owner(job_dir: Path) -> int:
+    """The uid that owns the job's directory (never through a link)."""
+    try:
+        fd = os.open(job_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise GpucrError(f"{job_dir} holds no checkpoint of the job ({e.strerror})",
+                         "check the job id; gpucr-hpc ls lists the checkpoints") from e
+    try:
+        return os.fstat(fd).st_uid
+    finally:
+        os.close(fd)
+
+
 def check_job_id(value: str) -> str:
     """A Slurm job id (digits only; array and het forms are not supported), as Slurm spells it."""
     if not isinstance(value, str) or not _JOB_ID.fullmatch(value):

@@ -64,9 +64,9 @@ class Job:
 
 
 def run(*argv: str, timeout: float = 60, check: bool = True,
-        fix: str = "check the job id and that slurmctld runs") -> subprocess.CompletedProcess:
+        fix: str = "check the job id and that slurmctld runs", stdin: str | None = None) -> subprocess.CompletedProcess:
     try:
-        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, input=stdin)
     except FileNotFoundError:
         raise GpucrError(f"{argv[0]} not found", "install the Slurm client commands or fix PATH")
     except subprocess.TimeoutExpired:
