@@ -380,14 +380,14 @@ def huge_node_memory(cluster: Cluster, gib: float) -> Iterator[Path]:
 @contextmanager
 def staging_tier(cluster: Cluster, drain_delay_s: float = 0.0, memory: Path = Path("/dev/shm")) -> Iterator[None]:
     """plugstack.conf stage= in node memory (memory: /dev/shm, or --huge's tmpfs), one
-    folder per node as an admin makes them. drain_delay_s: each drain starts that much
+    folder per node as an admin makes them (root's, 0755). drain_delay_s: each drain starts that much
     later (an image root slower than the job's restart, as at 17 GiB and more), through
     a cli= that waits before it."""
     root = Path(tempfile.mkdtemp(prefix="gpucr-bench-stage-", dir=memory))
     root.chmod(0o755)
     for node in cluster.run("sinfo", "-h", "-N", "-o", "%N").stdout.split():
         (root / node).mkdir(exist_ok=True)
-        (root / node).chmod(0o1777)
+        (root / node).chmod(0o755)  # root's: the plugin makes each job's dir in it
     args = f"stage={root}/%n"
     if drain_delay_s:
         cli = next(w[4:] for w in (cluster.state / "etc" / "plugstack.conf").read_text().split()
