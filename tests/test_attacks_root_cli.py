@@ -119,3 +119,21 @@ def test_a_forgotten_jobs_script_is_read_as_its_user(forgotten_job, secret):
         coordinator.resubmit("4242")
     assert "script" in e.value.cause, e.value.one_line()
     untouched(secret)
+
+
+def test_roots_image_of_a_users_process_is_given_to_them_without_following_their_links(users, users_tmp, secret):
+    """Root's `checkpoint --pid` of a user's process hands the image to the user; the
+    process's user writes into part of it (the arena folder) meanwhile."""
+    from gpucr_hpc.store.files import chown_tree
+
+    user = users[0]
+    image = users_tmp / "image"
+    (image / "criu").mkdir(parents=True)
+    (image / "criu" / "pages-1.img").write_text("pages")
+    arena = owned_dir(image / "process-7.arena", user)
+    os.link(secret, arena / "0")  # a hard link to a root-only file, in a folder the user writes
+    (arena / "1").symlink_to(secret)
+    chown_tree(image, user.pw_uid)
+    untouched(secret)
+    assert (image / "criu" / "pages-1.img").stat().st_uid == user.pw_uid
+    assert image.stat().st_uid == user.pw_uid and (image / "criu").stat().st_uid == user.pw_uid

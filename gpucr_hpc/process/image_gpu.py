@@ -205,7 +205,11 @@ class GpuCheckpoint:
         try:
             folder.mkdir(mode=0o700)
             if os.geteuid() == 0:  # the process's own user links into it
-                os.chown(folder, criu_mod.owner_uid(pid), -1)
+                fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    os.fchown(fd, criu_mod.owner_uid(pid), -1)
+                finally:
+                    os.close(fd)
             r = ShimClient(pid, self.run_dir).request(ARENA_FILES, into=str(folder))
             if not r.ok or not r.linked or len(r.segment_ranges) != len(list(folder.iterdir())):
                 shutil.rmtree(folder, ignore_errors=True)

@@ -251,19 +251,43 @@ class ImageWriter:
         for root, dirs, _files in os.walk(self.path):
             for d in dirs:
                 mf.fsync_dir(Path(root) / d)
-        if self.manifest.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
-            chown_tree(self.path, self.manifest["owner_uid"])
         mf.commit(self.path, self.manifest)
         if self.manifest.get("owner_uid") not in (None, os.geteuid()) and os.geteuid() == 0:
-            for name in (mf.MANIFEST, mf.COMMITTED):
-                os.chown(self.path / name, self.manifest["owner_uid"], -1)
+            chown_tree(self.path, self.manifest["owner_uid"])
 
 
 def chown_tree(path: Path, uid: int) -> None:
-    os.chown(path, uid, -1)
-    for root, dirs, files in os.walk(path):
-        for n in dirs + files:
-            os.chown(os.path.join(root, n), uid, -1, follow_symlinks=False)
+    """Root's image of a user's process given to that user: through descriptors, never
+    following a link (the process's user writes into parts of it, its arena folder,
+    and may swap a name for a link meanwhile). A root-owned file with a second link
+    is not one root wrote here, and is left as it is."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fchown(fd, uid, -1)
+        _chown_below(fd, uid)
+    finally:
+        os.close(fd)
+
+
+def _chown_below(dir_fd: int, uid: int) -> None:
+    for entry in os.scandir(dir_fd):
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        try:
+            fd = os.open(entry.name, flags | (os.O_DIRECTORY if entry.is_dir(follow_symlinks=False) else 0),
+                         dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENOENT):
+                continue  # a link, or swapped for one: not ours to give
+            raise
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                os.fchown(fd, uid, -1)
+                _chown_below(fd, uid)
+            elif stat.S_ISREG(st.st_mode) and not (st.st_uid == 0 and st.st_nlink > 1):
+                os.fchown(fd, uid, -1)
+        finally:
+            os.close(fd)
 
 
 @dataclass
