@@ -232,6 +232,28 @@ def test_the_action_script_verb_is_not_reachable_through_sudo(attacker, site_kee
     assert not target.exists()
 
 
+# -- a group taken away is not given back by an old checkpoint ------------------------------
+
+@pytest.fixture
+def extra_group(attacker):
+    user = attacker[0]
+    name = "gpucrtestgrp"
+    subprocess.run(["groupadd", "-f", name], check=True, capture_output=True)
+    subprocess.run(["usermod", "-aG", name, user.pw_name], check=True, capture_output=True)
+    yield name
+    subprocess.run(["groupdel", name], capture_output=True)
+
+
+def test_a_checkpoint_never_gives_back_a_group_the_user_lost(attacker, extra_group):
+    user, home, pwned = attacker
+    images = sealed_image(user, home)  # its process holds the group
+    subprocess.run(["gpasswd", "-d", user.pw_name, extra_group], check=True, capture_output=True)
+    work = owned_dir(home / "w", user)
+    r = helper(user, "restore", "--images", str(images), "--work", str(work))
+    res = json.loads((work / "result.json").read_text())
+    assert r.returncode != 0 and "which you no longer have" in res["error"], res
+
+
 # -- 5: root's scratch space is bounded by what root sealed ------------------------------
 
 def scratch_bytes() -> int:

@@ -27,14 +27,16 @@ from gpucr_hpc.privileged.user_dirs import Caller
 
 
 def _ids(pid: int) -> tuple[list[int], list[int]]:
+    """All four uids; all four gids and the supplementary groups."""
     status = criu_mod._status(pid)
-    return ([int(x) for x in status["Uid"].split()], [int(x) for x in status["Gid"].split()])
+    return ([int(x) for x in status["Uid"].split()],
+            [int(x) for x in status["Gid"].split() + status.get("Groups", "").split()])
 
 
 def check_tree(pid: int, who: Caller) -> list[int]:
-    """Every process of the tree is the caller's: all four uids, groups of theirs,
-    dumpable (/proc/PID is owned by the process's user only while it is), and in
-    no user namespace (namespaces.py)."""
+    """Every process of the tree is the caller's: all four uids, groups of theirs
+    (supplementary ones too), dumpable (/proc/PID is owned by the process's user
+    only while it is), and in no user namespace (namespaces.py)."""
     tree = criu_mod.process_tree(pid)
     for p in tree:
         try:
@@ -51,6 +53,17 @@ def check_tree(pid: int, who: Caller) -> list[int]:
                              "checkpoint only your own processes")
     namespaces.check_user_ns(tree)
     return tree
+
+
+def tree_groups(tree: list[int]) -> frozenset[int]:
+    """Every group a process of the tree holds: CRIU gives them back at a restore."""
+    out: set[int] = set()
+    for p in tree:
+        try:
+            out |= set(_ids(p)[1])
+        except (OSError, KeyError):
+            continue
+    return frozenset(out)
 
 
 def check_files_reachable(pids: list[int], who: Caller, skip: tuple[str, ...] = ()) -> None:

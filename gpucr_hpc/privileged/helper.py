@@ -61,7 +61,7 @@ from gpucr_hpc.criu import tcp as criu_tcp
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.privileged import namespaces, root_env, scratch, seal, user_dirs
 from gpucr_hpc.privileged import tcp as privileged_tcp
-from gpucr_hpc.privileged.checks import check_tree
+from gpucr_hpc.privileged.checks import check_tree, tree_groups
 from gpucr_hpc.privileged.user_dirs import Caller
 from gpucr_hpc.slurm.signals import TASK_SIGNALS
 
@@ -121,6 +121,7 @@ def dump(args, who: Caller, work_fd: int) -> dict:
     if args.pid <= 1:
         raise GpucrError(f"--pid {args.pid} is not a process of yours", "give the PID of your process tree's root")
     tree = check_tree(args.pid, who)
+    groups = tree_groups(tree)  # read now: a dump that is not --leave-running ends the tree
     namespaces.check_made_by_us(args.pid)
     images_fd = user_dirs.open_dir(args.images, who)
     with scratch.private_dir("dump", criu_mod.rss_bytes(tree)) as scratch_dir, scratch.private_dir("work") as work:
@@ -132,7 +133,7 @@ def dump(args, who: Caller, work_fd: int) -> dict:
                 extra=_checker(work, who, images), run_as=as_owner(who), tcp_lock=args.tcp_lock)
             done_fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                seal.seal(done_fd, who)
+                seal.seal(done_fd, who, groups)
                 user_dirs.hand_over(done_fd, images_fd, who)
             finally:
                 os.close(done_fd)

@@ -40,8 +40,9 @@ def _key() -> bytes:
     return key
 
 
-def _mac(uid: int, files: dict[str, list]) -> str:
-    text = f"v{VERSION}\nuid={uid}\n" + "".join(f"{n} {s} {d}\n" for n, (s, d) in sorted(files.items()))
+def _mac(uid: int, groups: list[int], files: dict[str, list]) -> str:
+    text = (f"v{VERSION}\nuid={uid}\ngroups={','.join(map(str, sorted(groups)))}\n"
+            + "".join(f"{n} {s} {d}\n" for n, (s, d) in sorted(files.items())))
     return hmac.new(_key(), text.encode(), hashlib.sha256).hexdigest()
 
 
@@ -50,8 +51,9 @@ def plain_name(name: str) -> bool:
         and "\n" not in name and " " not in name
 
 
-def seal(images_fd: int, who: Caller) -> None:
-    """Seal root's finished dump in images_fd (a directory only root can reach)."""
+def seal(images_fd: int, who: Caller, groups: frozenset[int]) -> None:
+    """Seal root's finished dump in images_fd (a directory only root can reach);
+    groups: those the dumped tree held, which CRIU gives back at a restore."""
     files: dict[str, list] = {}
     for name in sorted(os.listdir(images_fd)):
         if not plain_name(name):
@@ -63,7 +65,8 @@ def seal(images_fd: int, who: Caller) -> None:
                 h.update(chunk)
                 size += len(chunk)
         files[name] = [size, h.hexdigest()]
-    rec = {"version": VERSION, "uid": who.uid, "files": files, "mac": _mac(who.uid, files)}
+    held = sorted(groups)
+    rec = {"version": VERSION, "uid": who.uid, "groups": held, "files": files, "mac": _mac(who.uid, held, files)}
     fd = os.open(SEAL, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                  dir_fd=images_fd)
     with os.fdopen(fd, "w") as f:
@@ -76,18 +79,23 @@ def sealed_files(src_fd: int, who: Caller) -> dict[str, list]:
         fd = open_file(src_fd, SEAL, who)
         with os.fdopen(fd, "rb") as f:
             rec = json.loads(f.read(MAX_SEAL_BYTES))
-        files = rec["files"]
+        files, groups = rec["files"], rec["groups"]
         good = (rec.get("version") == VERSION and isinstance(files, dict)
+                and isinstance(groups, list) and all(isinstance(g, int) for g in groups)
                 and all(plain_name(n) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], int)
                         and v[0] >= 0 and isinstance(v[1], str) for n, v in files.items()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, GpucrError):
-        good, rec, files = False, {}, {}
+        good, rec, files, groups = False, {}, {}, []
     if not good:
         raise GpucrError("the image's CRIU files carry no valid seal of this cluster (or one of an older "
                          "gpucr-hpc)", NO_SEAL_FIX)
-    if rec.get("uid") != who.uid or not hmac.compare_digest(str(rec.get("mac")), _mac(who.uid, files)):
+    if rec.get("uid") != who.uid or not hmac.compare_digest(str(rec.get("mac")), _mac(who.uid, groups, files)):
         raise GpucrError(f"the image's seal was changed, or was made for uid {rec.get('uid')} (you are uid "
                          f"{who.uid})", CHANGED_FIX)
+    lost = sorted(set(groups) - who.gids)
+    if lost:
+        raise GpucrError(f"the checkpoint's processes hold group {lost[0]}, which you no longer have",
+                         "restore a checkpoint made since your groups changed, or ask an admin")
     return files
 
 
