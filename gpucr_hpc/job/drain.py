@@ -107,10 +107,8 @@ def drain_job(jobid: str) -> list[str]:
     batch_restore.open_log(job_dir)
     with staging.held(root, exclusive=True):  # one drain of the job at a time on a node
         errors = _drain_staged(root, job_dir, uid, node, jobid)
-    try:
-        os.rmdir(root)
-    except OSError:
-        pass
+    # <stage>/<jobid> itself is the plugin's: it removes it once this has ended, unless
+    # the job is back on the node (it stages there again).
     return errors
 
 

@@ -111,8 +111,8 @@ def new_generation(job_dir: Path, owner_uid: int) -> Path:
         raise GpucrError(f"{path} appeared while this checkpoint began",
                          "something outside gpucr-hpc writes into the job's directory; "
                          "the job was left running") from e
-    if os.geteuid() == 0:
-        os.chown(path, owner_uid, -1)
+    if os.geteuid() == 0:  # never through a link the user swapped in meanwhile
+        os.chown(path, owner_uid, -1, follow_symlinks=False)
     return path
 
 
@@ -195,8 +195,8 @@ def _publish(gen_dir: Path, manifest: dict, marker_name: str) -> None:
     uid = manifest.get("owner_uid")
     if os.geteuid() == 0 and uid is not None:
         for p in (gen_dir, gen_dir / mf.MANIFEST, gen_dir / marker_name, job_dir / LATEST, job_dir / SUBMISSION):
-            if p.exists():
-                os.chown(p, uid, -1)
+            if os.path.lexists(p):  # never through a link in the user's directory
+                os.chown(p, uid, -1, follow_symlinks=False)
 
 
 def manifest_of(gen_dir: Path) -> dict:
