@@ -8,7 +8,9 @@ a finder, not on the path), each of them whole, and every folder above them up
 to `/`. One of them owned by another user, or writable by group or others,
 lets that user change what root runs.
 
-    python -I -m gpucr_hpc.privileged.install_check    prints the first unsafe path; exits 1 if any
+    python -I -m gpucr_hpc.privileged.install_check [PATH...]
+        prints the first unsafe path; exits 1 if any. PATHs: more that root runs
+        (scripts/install-helper names CRIU, nft and the wrappers of its prefix).
 """
 
 from __future__ import annotations
@@ -72,8 +74,9 @@ def first_unsafe(paths: list[str]) -> str | None:
     return None
 
 
-def main() -> int:
-    bad = first_unsafe(roots())
+def main(argv: list[str] | None = None) -> int:
+    more = [os.path.realpath(p) for p in (sys.argv[1:] if argv is None else argv) if os.path.lexists(p)]
+    bad = first_unsafe(roots() + more)
     if bad:
         print(bad)
         return 1
