@@ -106,13 +106,12 @@ def new_generation(job_dir: Path, owner_uid: int) -> Path:
     n = gens[-1][0] + 1 if gens else 1
     path = job_dir / gen_name(n)
     try:
-        path.mkdir(mode=0o700)
+        with job_dirs.as_owner(owner_uid):  # root's coordinator makes it as the job's user
+            path.mkdir(mode=0o700)
     except FileExistsError as e:  # the job's lock keeps gpucr-hpc commands apart; anything else
         raise GpucrError(f"{path} appeared while this checkpoint began",
                          "something outside gpucr-hpc writes into the job's directory; "
                          "the job was left running") from e
-    if os.geteuid() == 0:  # never through a link the user swapped in meanwhile
-        os.chown(path, owner_uid, -1, follow_symlinks=False)
     return path
 
 
@@ -184,19 +183,15 @@ def stage_generation(gen_dir: Path, manifest: dict) -> None:
 
 def _publish(gen_dir: Path, manifest: dict, marker_name: str) -> None:
     """The manifest, the marker that vouches for it (its checksum), LATEST and the
-    submission; all the job user's."""
+    submission; all the job user's (root publishing a user's job writes as that user)."""
     data = mf.encode(manifest)
-    mf.write_atomic(gen_dir / mf.MANIFEST, data)
-    mf.write_atomic(gen_dir / marker_name, mf.marker(data))
     job_dir = gen_dir.parent
     submission = manifest.get("submission")
-    write_pointer(job_dir, LATEST, gen_dir, submission)
-    claim(job_dir, submission)
-    uid = manifest.get("owner_uid")
-    if os.geteuid() == 0 and uid is not None:
-        for p in (gen_dir, gen_dir / mf.MANIFEST, gen_dir / marker_name, job_dir / LATEST, job_dir / SUBMISSION):
-            if os.path.lexists(p):  # never through a link in the user's directory
-                os.chown(p, uid, -1, follow_symlinks=False)
+    with job_dirs.as_owner(manifest.get("owner_uid") or 0):
+        mf.write_atomic(gen_dir / mf.MANIFEST, data)
+        mf.write_atomic(gen_dir / marker_name, mf.marker(data))
+        write_pointer(job_dir, LATEST, gen_dir, submission)
+        claim(job_dir, submission)
 
 
 def manifest_of(gen_dir: Path) -> dict:
