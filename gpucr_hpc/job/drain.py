@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -116,18 +115,9 @@ def mine(root: Path) -> None:
     """The drain runs only as the owner of <stage>/<jobid>: root too is refused one
     it does not own (a drain as root in a user's directory is what let a user's
     links make root write and read where the user may not)."""
-    try:
-        st = os.lstat(root)
-    except OSError as e:
-        raise GpucrError(f"cannot check {root}: {e.strerror}", "the job epilog drains it as the job's user") from e
-    if not stat.S_ISDIR(st.st_mode):
-        raise GpucrError(f"{root} is not a directory", "nothing is drained from it; ask an admin to remove it")
-    if st.st_uid != os.geteuid():
-        raise GpucrError(f"{root} belongs to uid {st.st_uid}, this drain runs as uid {os.geteuid()}",
-                         "the job epilog drains it as the job's user; run it as that user, never as root")
-    if st.st_mode & 0o022:
-        raise GpucrError(f"{root} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})",
-                         "nothing is drained from it; ask an admin to remove it")
+    why = staging.refusal(root)
+    if why is not None:
+        raise why
 
 
 def in_flight(gen_dir: Path) -> bool:

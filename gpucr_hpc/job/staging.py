@@ -45,16 +45,28 @@ def job_stage(site: Site, jobid: str, node: str | None = None) -> Path | None:
     return Path(expand(site.stage, node)) / str(jobid)
 
 
-def usable(folder: Path | None) -> bool:
-    """<stage>/<jobid> as the plugin made it for this process's user: a directory,
-    not a symlink, owned by the euid, not writable by group or others."""
-    if folder is None:
-        return False
+def refusal(folder: Path) -> GpucrError | None:
+    """Why <stage>/<jobid> is not as the plugin made it for this process's user (a
+    directory, not a symlink, owned by the euid, not writable by group or others);
+    None when it is."""
     try:
         st = os.lstat(folder)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    except OSError as e:
+        return GpucrError(f"cannot check {folder}: {e.strerror}", "the job epilog drains it as the job's user")
+    if not stat.S_ISDIR(st.st_mode):
+        return GpucrError(f"{folder} is not a directory", "nothing is drained from it; ask an admin to remove it")
+    if st.st_uid != os.geteuid():
+        return GpucrError(f"{folder} belongs to uid {st.st_uid}, this drain runs as uid {os.geteuid()}",
+                          "the job epilog drains it as the job's user; run it as that user, never as root")
+    if st.st_mode & 0o022:
+        return GpucrError(f"{folder} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})",
+                          "nothing is drained from it; ask an admin to remove it")
+    return None
+
+
+def usable(folder: Path | None) -> bool:
+    """<stage>/<jobid> as the plugin made it for this process's user (refusal)."""
+    return folder is not None and refusal(folder) is None
 
 
 @contextmanager
