@@ -14,7 +14,7 @@ ROOT_MAY_LOAD = {"gpucr_hpc", "gpucr_hpc.config", "gpucr_hpc.criu", "gpucr_hpc.c
                  # the helper's own parts (privileged/*) and the PID namespace's init it starts
                  "gpucr_hpc.privileged.checks", "gpucr_hpc.privileged.namespaces", "gpucr_hpc.privileged.root_env",
                  "gpucr_hpc.privileged.scratch", "gpucr_hpc.privileged.seal", "gpucr_hpc.privileged.user_dirs",
-                 "gpucr_hpc.criu.pidns_init"}
+                 "gpucr_hpc.criu.pidns_init", "gpucr_hpc.regular_file"}
 
 
 def loaded_by(module: str) -> set[str]:

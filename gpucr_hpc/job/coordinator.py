@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import stat
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from gpucr_hpc.gpu import steer as gpu_steer
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.job import events, generations, progress
 from gpucr_hpc.job import lock as job_lock
+from gpucr_hpc.regular_file import NOT_REGULAR, open_regular
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, require_plugin
 from gpucr_hpc.store import manifest as mf
@@ -264,14 +264,14 @@ def _requeue(job: slurm.Job) -> dict:
 def _read_script(target) -> str | None:
     """The generation's copy of the batch script: a regular file, never through a link."""
     try:
-        fd = os.open(target / "script", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = open_regular(target / "script")
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise GpucrError(f"cannot read {target / 'script'}: {e.strerror}", "bring back a checkpoint of your own")
+        what = (f"{target / 'script'} is not a regular file" if e.errno == NOT_REGULAR
+                else f"cannot read {target / 'script'}: {e.strerror}")
+        raise GpucrError(what, "bring back a checkpoint of your own") from e
     with os.fdopen(fd, errors="replace") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise GpucrError(f"{target / 'script'} is not a regular file", "bring back a checkpoint of your own")
         return f.read()
 
 

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.regular_file import NOT_REGULAR, open_regular
 
 CHUNK = 8 << 20
 
@@ -62,16 +63,13 @@ def open_dir(path: str, who: Caller) -> int:
 
 def open_file(dir_fd: int, name: str, who: Caller) -> int:
     """A regular file of the caller's directory, for reading, opened as the caller."""
-    with acting_as(who):
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
-    if not os_is_regular(fd):
-        os.close(fd)
-        raise GpucrError(f"image file {name} is not a regular file", "restore from another copy")
-    return fd
-
-
-def os_is_regular(fd: int) -> bool:
-    return stat.S_ISREG(os.fstat(fd).st_mode)
+    try:
+        with acting_as(who):
+            return open_regular(name, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno != NOT_REGULAR:
+            raise
+        raise GpucrError(f"image file {name} is not a regular file", "restore from another copy") from e
 
 
 def write_new(dir_fd: int, name: str, who: Caller, data: bytes | None = None, src_fd: int | None = None) -> None:
@@ -108,7 +106,7 @@ def hand_over(src_fd: int, dst_fd: int, who: Caller) -> None:
     for name in names:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_fd)
         try:
-            if not os_is_regular(fd):
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise GpucrError(f"CRIU left {name}, which is not a regular file", "report this with the dump log")
             os.fchown(fd, who.uid, who.gid)
         finally:

@@ -30,10 +30,10 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.regular_file import NOT_REGULAR, open_regular
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
 from gpucr_hpc.store import manifest as mf
@@ -104,20 +104,12 @@ def _decoded(data: bytes) -> dict | None:
 def _read_nofollow(path: Path) -> bytes:
     """A staged file's bytes, the file itself and never what a symlink names."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path)
     except OSError as e:
-        raise GpucrError(f"cannot read {path}: {e.strerror}",
-                         "the staged image is damaged; the job restores from its previous generation") from e
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise GpucrError(f"{path} is not a regular file",
-                             "the staged image is damaged; the job restores from its previous generation")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        what = f"{path} is not a regular file" if e.errno == NOT_REGULAR else f"cannot read {path}: {e.strerror}"
+        raise GpucrError(what, "the staged image is damaged; the job restores from its previous generation") from e
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
 
 
 def drain_image(staged: Path, dest: Path) -> int:
