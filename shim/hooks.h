@@ -36,7 +36,7 @@ typedef CUresult CUDAAPI (*gpucr_pfn_getproc_v1)(const char *, void **, int, cuu
     ENTRY(cuMemPoolImportPointer) ENTRY(cuGetProcAddress_v2) ENTRY(cuEventCreate)                    \
     ENTRY(cuEventRecord) ENTRY(cuEventSynchronize) ENTRY(cuMemHostAlloc) ENTRY(cuDeviceGetCount)     \
     ENTRY(cuDeviceGet) ENTRY(cuDeviceGetUuid_v2) ENTRY(cuMulticastCreate)                            \
-    ENTRY(cuDeviceGetPCIBusId)
+    ENTRY(cuDeviceGetPCIBusId) ENTRY(cuMemGetInfo_v2)
 
 struct gpucr_driver {
 #define GPUCR_FIELD(fn) __typeof__(&fn) fn;
