@@ -231,7 +231,7 @@ def shim_status(cluster, jobid) -> list[dict]:
     for d in Path(cluster.state, "run").glob(f"*/{jobid}"):
         r = subprocess.run([sys.executable, "-m", "gpucr_hpc", "status", "--run-dir", str(d), "--json"],
                            capture_output=True, text=True, env=cluster.env, timeout=60)
-        rows += json.loads(r.stdout) if r.returncode == 0 else []
+        rows += json.loads(r.stdout)["processes"] if r.returncode == 0 else []
     return rows
 
 

@@ -107,7 +107,7 @@ def test_new_job_with_an_old_jobs_id_is_never_restored_from_its_images(slurm_clu
     assert numbers(log_b)[-100:] == list(range(100))
 
     assert (gen_1 / "COMMITTED").exists(), "job A's generation was removed"
-    rows = json.loads(gpucr(slurm_cluster, "ls", jobid, "--json").stdout)
+    rows = json.loads(gpucr(slurm_cluster, "ls", jobid, "--json").stdout)["generations"]
     assert [r["other_submission"] for r in rows if r["generation"] == gen_a] == [True], rows
     table = gpucr(slurm_cluster, "ls", jobid).stdout  # the cell may wrap at a narrow terminal
     assert "(other" in table and "submission)" in table, table

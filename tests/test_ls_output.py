@@ -1,6 +1,7 @@
 """`gpucr-hpc ls`: an unknown job is one line and a non-zero exit; a table piped
 to another program is printed whole (no cell cut short with an ellipsis)."""
 
+import json
 import os
 
 import pytest
@@ -30,7 +31,8 @@ def test_ls_of_a_job_without_a_checkpoint_yet_says_so(store):
     (images / "42").mkdir()
     r = cli("ls", "42", env=env)
     assert r.returncode == 0 and r.stdout.strip() == "no checkpoint of job 42 yet", r.stdout + r.stderr
-    assert cli("ls", "42", "--json", env=env).stdout.strip() == "[]"
+    doc = json.loads(cli("ls", "42", "--json", env=env).stdout)
+    assert doc == {"schema": "gpucr-hpc.ls/1", "job": "42", "generations": []}, doc
 
 
 def test_ls_piped_prints_every_cell_whole(store):

@@ -109,7 +109,7 @@ def test_ordinary_users_job_is_preempted_automatically(slurm_cluster, users, job
     assert info["JobState"] == "COMPLETED", (text, info)
     assert f"gpucr: checkpointing job {jobid} before preemption" in text, text
     assert_counted_once(log, steps)
-    ls = json.loads(gpucr_as(a, "ls", jobid, "--json", env=slurm_cluster.env).stdout)
+    ls = json.loads(gpucr_as(a, "ls", jobid, "--json", env=slurm_cluster.env).stdout)["generations"]
     assert ls, "no generation was written"
 
 

@@ -62,7 +62,7 @@ def test_run_unknown_command_one_line_error(env):
 
 
 def test_status_lists_shimmed_processes(running, env):
-    rows = json.loads(cli("status", "--json", env=env).stdout)
+    rows = json.loads(cli("status", "--json", env=env).stdout)["processes"]
     pids = {r["pid"] for r in rows}
     assert running.pid in pids and len(pids) >= 2  # the shell and its sleep
     root = next(r for r in rows if r["pid"] == running.pid)
@@ -84,13 +84,13 @@ def test_checkpoint_restore_in_place_cpu_tree(running, env):
     assert cp["pid"] == running.pid
     assert {"quiesce_s", "data_s", "control_s", "total_s"} <= set(cp["phases"])
     assert len([p for p in cp["processes"] if p["shim"]]) >= 2
-    states = {r["pid"]: r["state"] for r in json.loads(cli("status", "--json", env=env).stdout)}
+    states = {r["pid"]: r["state"] for r in json.loads(cli("status", "--json", env=env).stdout)["processes"]}
     assert states[running.pid] == "checkpointed"
     again = cli("checkpoint", "--pid", str(running.pid), env=env, check=False)
     assert again.returncode != 0 and "already checkpointed" in again.stderr
     human = cli("restore", "--pid", str(running.pid), env=env).stdout
     assert human.startswith(f"restored {running.pid}") and "total" in human
-    states = {r["pid"]: r["state"] for r in json.loads(cli("status", "--json", env=env).stdout)}
+    states = {r["pid"]: r["state"] for r in json.loads(cli("status", "--json", env=env).stdout)["processes"]}
     assert states[running.pid] == "running"
     twice = cli("restore", "--pid", str(running.pid), env=env, check=False)
     assert twice.returncode != 0 and "not checkpointed" in twice.stderr
@@ -123,7 +123,7 @@ def test_run_arena_preallocation(env, tmp_path):
     try:
         assert wait_for(tmp_path / "run" / f"{p.pid}.sock")
         for _ in range(100):
-            row = next(r for r in json.loads(cli("status", "--json", env=env).stdout) if r["pid"] == p.pid)
+            row = next(r for r in json.loads(cli("status", "--json", env=env).stdout)["processes"] if r["pid"] == p.pid)
             if row["arena_bytes"]:
                 break
             import time

@@ -40,7 +40,7 @@ def test_prune_ended_removes_a_completed_job_and_keeps_a_running_ones_newest(slu
         mine = {(a["generation"], a["action"]) for a in acts if a["job"] == running}
         assert ("gen-3", "kept") in mine and ("gen-2", "removed") in mine, acts
         assert not (slurm_cluster.state / "images" / done).exists()
-        ls = json.loads(gpucr(slurm_cluster, "ls", running, "--json").stdout)
+        ls = json.loads(gpucr(slurm_cluster, "ls", running, "--json").stdout)["generations"]
         assert [g["generation"] for g in ls] == ["gen-3"]
         assert slurm_cluster.job(running)["JobState"] == "RUNNING"
     finally:

@@ -5,7 +5,6 @@ The logic is in coordinator.py; this is the click surface and the output.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import time
@@ -15,7 +14,7 @@ import click
 from rich.table import Table
 
 from gpucr_hpc import units
-from gpucr_hpc.cli import output
+from gpucr_hpc.cli import job_id, output
 from gpucr_hpc.cli.operator_door import through_door_if_not_mine
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import coordinator, events, generations, retention
@@ -25,9 +24,10 @@ from gpucr_hpc.slurm.site import load_site
 
 def print_job_result(kind: str, result: dict, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        output.print_json(kind, result)
         return
-    click.echo(f"{kind} job {result.get('job', '')}{result['generation']}: "
+    done = {"checkpoint": "checkpointed", "preempt": "preempted"}[kind]
+    click.echo(f"{done} job {result['job']} {result['generation']}: "
                f"{len(result.get('units', []))} unit(s) on {', '.join(result.get('nodes', []))}, "
                f"{units.size(result.get('bytes', 0))} in {result.get('total_s', 0):.2f} s "
                f"(prepare {result.get('prepare_s', 0):.2f} s)")
@@ -38,8 +38,8 @@ def checkpoint_job(jobid: str, as_json: bool) -> None:
     through_door_if_not_mine("checkpoint", jobid, *["--json"] * as_json)
     with output.working(f"checkpointing job {jobid} on its nodes"):
         result = coordinator.checkpoint(jobid)
-    result["job"] = f"{jobid} "
-    print_job_result("checkpointed", result, as_json)
+    result["job"] = jobid
+    print_job_result("checkpoint", result, as_json)
 
 
 def parse_generation(value: str | None) -> int | None:
@@ -59,7 +59,7 @@ def restore_job(jobid: str, gen: int | None, as_json: bool, resubmit: bool = Fal
                                  *["--json"] * as_json)
     result = coordinator.resubmit(jobid, gen) if resubmit else coordinator.restore(jobid, gen)
     if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        output.print_json("restore", result)
     elif result.get("resubmitted_as"):
         click.echo(f"job {jobid} submitted again as job {result['resubmitted_as']}, "
                    f"which restores {result['generation']} when it starts")
@@ -69,7 +69,7 @@ def restore_job(jobid: str, gen: int | None, as_json: bool, resubmit: bool = Fal
 
 
 @click.command()
-@click.argument("jobid", callback=job_dirs.job_id_argument)
+@click.argument("jobid", callback=job_id.argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def preempt(jobid, as_json):
     """Checkpoint a running --gpucr=on job, then requeue it.
@@ -80,12 +80,12 @@ def preempt(jobid, as_json):
     through_door_if_not_mine("preempt", jobid, *["--json"] * as_json)
     with output.working(f"checkpointing job {jobid} on its nodes, then requeueing it"):
         result = coordinator.preempt(jobid)
-    result["job"] = f"{jobid} "
-    print_job_result("preempted", result, as_json)
+    result["job"] = jobid
+    print_job_result("preempt", result, as_json)
 
 
 @click.command(hidden=True)
-@click.argument("jobid", callback=job_dirs.job_id_argument)
+@click.argument("jobid", callback=job_dirs.job_id_argument)  # the epilog's SLURM_JOB_ID: digits
 def drain(jobid):
     """Drain the job's staged checkpoints on this node to the image root (the job
     epilog runs this, as the job's user, once the job has ended on the node)."""
@@ -186,7 +186,7 @@ def generation_cells(r: dict) -> list[str]:
 
 
 @click.command("ls")
-@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
+@click.argument("jobid", required=False, callback=job_id.argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the generations as JSON.")
 def ls(jobid, as_json):
     """List the checkpoints in the image store: jobs, generations, sizes, nodes."""
@@ -197,7 +197,7 @@ def ls(jobid, as_json):
                          "`gpucr-hpc ls` lists the jobs it has; `gpucr-hpc status JOBID` says what happened "
                          "to the job")
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        output.print_json("ls", {"job": jobid, "generations": rows})
         return
     if not rows:
         click.echo(f"no checkpoint of job {jobid} yet" if jobid else
@@ -210,7 +210,7 @@ def ls(jobid, as_json):
 
 
 @click.command()
-@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
+@click.argument("jobid", required=False, callback=job_id.argument)
 @click.option("--keep", type=click.IntRange(min=1), default=generations.KEEP_COMMITTED, show_default=True,
               help="Committed generations to keep per job (the newest; never fewer than a restore needs).")
 @click.option("--ended", is_flag=True,
@@ -227,7 +227,7 @@ def prune(jobid, keep, ended, dry_run, as_json):
     states = retention.job_states() if ended else None
     actions = [a.as_dict() for d in dirs for a in retention.prune_job(d, keep, states, dry_run)]
     if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, "actions": actions}, indent=2))
+        output.print_json("prune", {"dry_run": dry_run, "actions": actions})
         return
     if not actions:
         click.echo("nothing to prune")
@@ -241,7 +241,7 @@ def prune(jobid, keep, ended, dry_run, as_json):
 
 def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        output.print_json({"suspended": "suspend", "resumed": "resume"}[verb], {"job": jobid, **result})
         return
     gpu = (f"GPU memory of {result['gpu_processes']} process(es), {units.size(result['bytes'])}"
            if result["gpu_processes"] else "no GPU process")
@@ -250,7 +250,7 @@ def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("jobid", callback=job_dirs.job_id_argument)
+@click.argument("jobid", callback=job_id.argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def suspend(jobid, as_json):
     """Yield a running --gpucr=on job's GPU memory, then suspend it (scontrol suspend).
@@ -265,7 +265,7 @@ def suspend(jobid, as_json):
 
 
 @click.command()
-@click.argument("jobid", callback=job_dirs.job_id_argument)
+@click.argument("jobid", callback=job_id.argument)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def resume(jobid, as_json):
     """Resume a job suspended by `gpucr-hpc suspend`, and reclaim its GPU memory in place."""
@@ -282,21 +282,23 @@ def job_status(jobid: str) -> dict:
     if not jobid.isdigit():
         raise GpucrError(f"'{jobid}' is not a job id", "give the numeric Slurm job id")
     site = load_site()
-    try:
+    try:  # Slurm unreachable: that one line, never taken for a job it forgot
         job, unknown = slurm.show_job(jobid), None
-    except GpucrError as e:
+    except slurm.JobUnknown as e:
         job, unknown = None, e
     if job is not None:
         slurm.check_access(job, "only the job's owner or root can see its checkpoints")
-    out: dict = {"job": jobid, "generations": job_rows(jobid)}
+    out: dict = {"job": jobid, "known_to_slurm": job is not None, "state": None, "user": None, "nodes": [],
+                 "partition": None, "restarts": None, "reason": None, "note": None,
+                 "generations": job_rows(jobid)}
     if job is not None:
         out.update(state=job.state, user=job.user, nodes=job.nodes, partition=job.partition,
                    restarts=job.restart_count, reason=job.raw.get("Reason", ""))
     elif not out["generations"] and unknown is not None:
         raise unknown
     elif unknown is not None:
-        out.update(state="UNKNOWN to Slurm", note=f"{unknown.cause}; `gpucr-hpc restore {jobid}` "
-                                                      "submits it again from its newest checkpoint")
+        out.update(note=f"{unknown.cause}; `gpucr-hpc restore {jobid}` submits it again from its newest "
+                        "checkpoint")
     latest = next((g for g in out["generations"] if g.get("latest")), None)
     out["latest"] = latest["generation"] if latest else None
     log = site.job_image_dir(jobid) / "restore.log"
@@ -308,14 +310,18 @@ def job_status(jobid: str) -> dict:
 def show_job_status(jobid: str, as_json: bool) -> None:
     st = job_status(jobid)
     if as_json:
-        click.echo(json.dumps(st, indent=2, default=str))
+        output.print_json("job-status", st)
         return
     console = output.console()
     head = Table.grid(padding=(0, 2))
     for key in ("job", "state", "user", "partition", "nodes", "restarts", "latest"):
-        if key in st:
+        if key == "state" and not st["known_to_slurm"]:
+            head.add_row(key, "not known to Slurm")
+        elif st.get(key) is not None:
             value = ",".join(st[key]) if isinstance(st[key], list) else str(st[key])
             head.add_row(key, value or "-")
+    if st.get("note"):
+        head.add_row("note", st["note"])
     console.print(head)
     if st["generations"]:
         t = output.table("checkpoints", ("generation", "state", "size", "nodes", "units", "created"))

@@ -4,12 +4,12 @@ Each group of commands lives in its own module and is registered here, so this
 file stays a table of contents.
 """
 
-import json
 import sys
 
 import click
 
 from gpucr_hpc import __version__, config
+from gpucr_hpc.cli import output
 from gpucr_hpc.errors import GpucrError
 
 
@@ -60,7 +60,8 @@ def main():
     except GpucrError as e:
         click.echo(f"gpucr-hpc: error: {e.one_line()}", err=True)
         if "--json" in sys.argv[1:]:  # the report asked for is the error, as JSON
-            click.echo(json.dumps({"error": " ".join(e.cause.split()), "fix": e.fix, "exit_code": e.exit_code}))
+            output.print_json("error", {"error": " ".join(e.cause.split()), "fix": e.fix,
+                                        "exit_code": e.exit_code})
         sys.exit(e.exit_code)
     except OSError as e:  # not foreseen where it happened: still one line, never a traceback
         where = f" ({e.filename})" if e.filename else ""

@@ -1,15 +1,35 @@
-"""How the commands print tables (fitted to a terminal, whole when piped) and
-show a long command at work (on a terminal only)."""
+"""How the commands print tables (fitted to a terminal, whole when piped), their
+--json documents, and show a long command at work (on a terminal only)."""
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Mapping
 from contextlib import contextmanager, nullcontext
 
+import click
 from rich.console import Console
 from rich.table import Table
 
 from gpucr_hpc.units import size as units_size
+
+# The version of every --json document's layout: raised when a field changes its
+# meaning or type or goes away (new fields do not raise it).
+SCHEMA_VERSION = 1
+
+
+def json_document(kind: str, fields: Mapping) -> dict:
+    """A command's --json answer: one object whose "schema" names what it is and its
+    layout's version ("gpucr-hpc.status/1"), then `fields` (never a bare list)."""
+    return {"schema": f"gpucr-hpc.{kind}/{SCHEMA_VERSION}", **fields}
+
+
+def print_json(kind: str, fields: Mapping) -> None:
+    """Print json_document(kind, fields) on stdout: the one document a --json command
+    prints (any other line goes to stderr)."""
+    click.echo(json.dumps(json_document(kind, fields), indent=2, sort_keys=True, default=str))
+
 
 # Piped output is read by scripts and people's `grep`: a line is never cut.
 PIPED_WIDTH = 10_000

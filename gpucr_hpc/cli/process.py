@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -11,9 +10,8 @@ from pathlib import Path
 import click
 
 from gpucr_hpc import config, units
-from gpucr_hpc.cli import output
+from gpucr_hpc.cli import job_id, output
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.process.in_place import DEFAULT_TIMEOUT_MS, checkpoint_tree, restore_tree, status_all
 from gpucr_hpc.shim.client import default_run_dir, shim_library
@@ -97,7 +95,7 @@ def run(arena, arena_size, use_helper, run_dir, cmd):
 
 
 @click.command()
-@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
+@click.argument("jobid", required=False, callback=job_id.argument)
 @click.option("--pid", type=int, default=None, help="The process (and its children) to checkpoint.")
 @click.option("--timeout", "timeout_ms", type=click.IntRange(min=1), default=None, metavar="MS",
               help=f"With --pid: how long the shims wait for GPU work in flight, and the driver "
@@ -126,7 +124,7 @@ def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir, leave_running):
     with output.working(f"yielding the GPU memory of process {pid}"):
         result = checkpoint_tree(pid, timeout_ms=timeout_ms, run_dir=run_dir)
     if as_json:
-        click.echo(json.dumps(result))
+        output.print_json("process-checkpoint", result)
         return
     n = len([p for p in result["processes"] if p["shim"] or p["cuda"]])
     click.echo(f"checkpointed {pid} ({n} process{'es' if n != 1 else ''}, {units.size(result['bytes'])}): "
@@ -158,7 +156,7 @@ def _refuse_for_job(**given) -> None:
 
 
 @click.command()
-@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
+@click.argument("jobid", required=False, callback=job_id.argument)
 @click.option("--pid", type=int, default=None, help="The process (and its children) checkpointed in place.")
 @click.option("--from", "source", metavar="N|DIR", default=None,
               help="With JOBID: the generation to restore, N or gen-N (default: the newest committed "
@@ -205,7 +203,7 @@ def restore(jobid, pid, source, resubmit, run_dir, as_json, pidns, rewind_files,
     with output.working(f"restoring the GPU memory of process {pid}"):
         result = restore_tree(pid, run_dir=run_dir)
     if as_json:
-        click.echo(json.dumps(result))
+        output.print_json("process-restore", result)
         return
     click.echo(f"restored {pid} ({units.size(result['bytes'])}): {_phases_line(result['phases'])}")
 
@@ -224,7 +222,7 @@ def image_dir(source: str) -> str:
 
 
 @click.command()
-@click.argument("jobid", required=False, callback=job_dirs.job_id_argument)
+@click.argument("jobid", required=False, callback=job_id.argument)
 @run_dir_option
 @json_option
 def status(jobid, run_dir, as_json):
@@ -237,7 +235,7 @@ def status(jobid, run_dir, as_json):
         return
     rows = status_all(run_dir)
     if as_json:
-        click.echo(json.dumps([r.as_json() for r in rows]))
+        output.print_json("status", {"processes": [r.as_json() for r in rows]})
         return
     if not rows:
         click.echo(f"no process runs under the shim (run dir {run_dir or default_run_dir()})")

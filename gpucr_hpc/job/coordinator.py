@@ -292,8 +292,8 @@ def restore(jobid: str, gen: int | None = None) -> dict:
     require_plugin(site)
     try:
         job = _job_for_action(jobid, settled=True)  # a job still completing is requeued by then
-    except slurm.JobUnknown:
-        return resubmit(jobid, gen)
+    except slurm.JobUnknown:  # Slurm's own answer, never a failure to reach it (SlurmUnreachable)
+        return resubmit(jobid, gen, forced=False)
     if job.running:
         raise GpucrError(f"job {jobid} is running", "preempt it instead (gpucr-hpc preempt JOBID)")
     job_dir = site.job_image_dir(job.id)
@@ -317,16 +317,22 @@ def _restore(job: slurm.Job, job_dir, gen: int | None) -> dict:
     return {"job": job.id, "generation": target.name, "requeued": True, **_requeue(job)}
 
 
-def resubmit(jobid: str, gen: int | None = None) -> dict:
+def resubmit(jobid: str, gen: int | None = None, forced: bool = True) -> dict:
     """A job Slurm no longer knows (slurmctld lost it, or gave its id to another
-    job: `restore JOBID --from N --resubmit`), submitted again from its
+    job: `restore JOBID --from N --resubmit`, forced), submitted again from its
     committed generation: as its user, with its output files, node count and
     partition, and GPUCR_RESTORE_FROM naming the generation, which the new job
     (a new id) restores when it starts (generations.start_target).
 
     Whose job it is comes from the job directory's owner (the plugin made it for
     the job's user), never from the manifest, which is the user's file: root reads
-    the generation and the script as that user, and submits as that user."""
+    the generation and the script as that user, and submits as that user.
+
+    Never a second copy of a job that may still live: only under the job's lock
+    (a command on it, or its own restore, holds it: refused), only once Slurm
+    has answered again, under the lock, that it knows no job of this id (forced:
+    that it answered at all), and not while an earlier resubmission of it is
+    still a job Slurm knows (events)."""
     site = load_site()
     require_plugin(site)
     job_dir = site.job_image_dir(jobid)
@@ -336,6 +342,40 @@ def resubmit(jobid: str, gen: int | None = None) -> dict:
     if os.geteuid() not in (0, owner):
         raise GpucrError(f"the checkpoints of job {jobid} belong to uid {owner}, you are uid {os.geteuid()}",
                          "only the job's owner or root can bring it back")
+    with job_lock.held(job_dir, jobid, owner):
+        result = _resubmit(jobid, gen, job_dir, owner, forced)
+    events.record(job_dir, owner, what="resubmit", ok=True, generation=result["generation"],
+                  resubmitted_as=result["resubmitted_as"])
+    return result
+
+
+def _still_gone(jobid: str, job_dir, forced: bool) -> None:
+    """Refuses a resubmission unless Slurm answers (SlurmUnreachable otherwise) that
+    it knows no job `jobid` (forced: any answer) and that no earlier resubmission
+    of it is still a live job."""
+    try:
+        job = slurm.show_job(jobid)
+        if not forced:
+            raise GpucrError(f"job {jobid} is known to Slurm again ({job.state}): not submitted again",
+                             f"run gpucr-hpc restore {jobid} again")
+    except slurm.JobUnknown:
+        pass
+    earlier = [ev for ev in events.read(job_dir) if ev.get("what") == "resubmit" and ev.get("ok")
+               and str(ev.get("resubmitted_as", "")).isdigit()]
+    if not earlier:
+        return
+    new_id = str(earlier[-1]["resubmitted_as"])
+    try:
+        again = slurm.show_job(new_id)
+    except slurm.JobUnknown:
+        return
+    if again.state not in slurm.FINISHED:
+        raise GpucrError(f"job {jobid} was already submitted again as job {new_id}, which is {again.state}",
+                         f"that job is its copy (gpucr-hpc status {new_id}); to start over, "
+                         f"scancel {new_id} first")
+
+
+def _resubmit(jobid: str, gen: int | None, job_dir, owner: int, forced: bool) -> dict:
     with job_dirs.as_owner(owner):
         target = generations.any_committed(job_dir, gen)
         m = mf.load(target)
@@ -357,6 +397,7 @@ def resubmit(jobid: str, gen: int | None = None) -> dict:
     argv += [f"--partition={job['partition']}"] if job.get("partition") else []
     if os.geteuid() == 0 and owner != 0:
         argv += [f"--uid={owner}", f"--gid={_group_of(owner)}"]  # root brings a user's job back as that user
+    _still_gone(jobid, job_dir, forced)  # asked last, under the lock: what Slurm says now
     out = slurm.run(*argv, stdin=script)
     new_id = out.stdout.strip().split(";")[0]
     return {"job": jobid, "generation": target.name, "requeued": False, "resubmitted_as": new_id}

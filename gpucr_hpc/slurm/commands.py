@@ -21,7 +21,23 @@ FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 
 
 class JobUnknown(GpucrError):
-    """Slurm knows no job of this id (it ended long ago, or slurmctld lost its state)."""
+    """Slurm answered that it knows no job of this id (it ended long ago, or
+    slurmctld lost its state). Only that answer: see SlurmUnreachable."""
+
+
+class SlurmUnreachable(GpucrError):
+    """Slurm gave no answer about a job: slurmctld down, restarting, too slow, or
+    scontrol failing for any reason but an unknown job id. Nothing may be
+    concluded about the job from it (above all, never that it is gone)."""
+
+
+# Slurm's text for ESLURM_INVALID_JOB_ID (2017; slurm_errno.c, the same since
+# Slurm 2.x). scontrol exits 1 for every failure and prints only
+# slurm_strerror()'s text, and 22.05's scontrol has no --json: this text is the
+# one sign that slurmctld answered "no such job". It is matched here alone.
+INVALID_JOB_ID_TEXT = "Invalid job id specified"
+UNREACHABLE_FIX = ("nothing was done; try again once slurmctld answers (`scontrol ping`), "
+                   "or ask the admin whether it is down or restarting")
 
 
 # States Slurm shows while a job moves on (job_state_string's flags): a requeue or a
@@ -70,8 +86,8 @@ def run(*argv: str, timeout: float = 60, check: bool = True,
     except FileNotFoundError:
         raise GpucrError(f"{argv[0]} not found", "install the Slurm client commands or fix PATH")
     except subprocess.TimeoutExpired:
-        raise GpucrError(f"{' '.join(argv[:3])} did not answer in {timeout:.0f} s",
-                         "check that slurmctld runs (scontrol ping)")
+        raise SlurmUnreachable(f"Slurm is unreachable: {' '.join(argv[:3])} got no answer in {timeout:g} s",
+                               UNREACHABLE_FIX)
     if check and out.returncode != 0:
         msg = (out.stderr.strip() or out.stdout.strip()).splitlines()
         raise GpucrError(f"{' '.join(argv[:3])} failed: {msg[-1] if msg else out.returncode}", fix)
@@ -138,14 +154,37 @@ def settled(job: Job, wait_s: float = SETTLE_S) -> Job:
     return job
 
 
+# How long scontrol may take to answer about a job before Slurm counts as unreachable.
+SHOW_TIMEOUT_S = 60.0
+
+
+def _said_invalid_job_id(out: subprocess.CompletedProcess) -> bool:
+    """Whether scontrol's failure is slurmctld's own answer ESLURM_INVALID_JOB_ID."""
+    last = (out.stderr.strip().splitlines() or [""])[-1]
+    return last.endswith(f"error: {INVALID_JOB_ID_TEXT}")
+
+
+def _show_lines(jobid: str, spec: str | None = None) -> list[dict]:
+    """`scontrol show job -o jobid`, one dict per record (a het job or an array
+    gives several). JobUnknown only where slurmctld answered that the id is
+    invalid; SlurmUnreachable for every other failure."""
+    out = run("scontrol", "show", "job", "-o", str(jobid), check=False, timeout=SHOW_TIMEOUT_S)
+    if out.returncode != 0 and _said_invalid_job_id(out):
+        raise JobUnknown(f"no job {spec or jobid} known to Slurm",
+                         "check the id with squeue; finished jobs are forgotten after MinJobAge")
+    lines = [line for line in out.stdout.splitlines() if line.startswith("JobId=")]
+    if out.returncode != 0 or not lines:
+        why = (out.stderr.strip() or out.stdout.strip() or f"scontrol exit {out.returncode}").splitlines()[-1]
+        raise SlurmUnreachable(f"Slurm is unreachable, nothing is known of job {spec or jobid}: {why}",
+                               UNREACHABLE_FIX)
+    return [parse_one_line(line) for line in lines]
+
+
 def show_job(jobid: str) -> Job:
     if not re.fullmatch(r"\d+", str(jobid)):
         raise GpucrError(f"'{jobid}' is not a job id", "give the numeric Slurm job id")
-    out = run("scontrol", "show", "job", "-o", str(jobid), check=False)
-    if out.returncode != 0 or not out.stdout.strip():
-        raise JobUnknown(f"no job {jobid} known to Slurm",
-                         "check the id with squeue; finished jobs are forgotten after MinJobAge")
-    d = parse_one_line(out.stdout.splitlines()[0])
+    records = _show_lines(str(jobid))
+    d = next((r for r in records if r.get("JobId") == str(jobid)), records[0])
     user, _, uid = d.get("UserId", "?(-1)").partition("(")
     return Job(
         id=str(jobid), state=d.get("JobState", "UNKNOWN"), uid=int(uid.rstrip(")") or -1),
@@ -153,6 +192,62 @@ def show_job(jobid: str) -> Job:
         restart_count=int(d.get("Restarts", "0") or 0), partition=d.get("Partition", ""),
         std_out=d.get("StdOut", ""), std_err=d.get("StdErr", ""),
         requeue=d.get("Requeue", "1") == "1", raw=d)
+
+
+ARRAY_TASK = re.compile(r"([0-9]+)_([0-9]+)", re.ASCII)
+HET_COMPONENT = re.compile(r"([0-9]+)\+([0-9]+)", re.ASCII)
+ID_FORMS = "a job id (1234), an array task (1234_5) or a heterogeneous job's component (1234+0)"
+
+
+def _in_task_list(task: int, tasks: str) -> bool:
+    """Whether ArrayTaskId's list of pending tasks ("2-5,7", "4-9:2%2") holds `task`."""
+    for part in tasks.split("%")[0].split(","):
+        first, _, rest = part.partition("-")
+        last, _, step = rest.partition(":")
+        try:
+            lo, hi, by = int(first), int(last or first), int(step or 1)
+        except ValueError:
+            continue
+        if lo <= task <= hi and (task - lo) % by == 0:
+            return True
+    return False
+
+
+def resolve_job_id(spec: str) -> str:
+    """The job id of `spec` as Slurm takes it: a job id as it is (Slurm is not
+    asked), an array task (1234_5) or het component (1234+0) as the job id Slurm
+    gave it, which names its checkpoints. One line for any other form, for a
+    task that has not started (it has no id of its own yet), and for one Slurm
+    does not know."""
+    from gpucr_hpc.job.dirs import check_job_id
+
+    spec = str(spec)
+    array, het = ARRAY_TASK.fullmatch(spec), HET_COMPONENT.fullmatch(spec)
+    if not (array or het):
+        if spec.isascii() and spec.isdigit():
+            return check_job_id(spec)
+        raise GpucrError(f"'{spec}' is not a job id", f"give {ID_FORMS}")
+    base, index = (array or het).groups()  # type: ignore[union-attr]
+    records = _show_lines(base, spec)
+    if array:
+        for r in records:
+            if r.get("ArrayJobId") == base and r.get("ArrayTaskId") == index:
+                return check_job_id(r["JobId"])
+        if any(r.get("ArrayJobId") == base and _in_task_list(int(index), r.get("ArrayTaskId", ""))
+               for r in records):
+            raise GpucrError(f"array task {spec} has not started, so it has no job id of its own yet",
+                             "act on it once it runs (squeue -r shows its id then)")
+        if not any(r.get("ArrayJobId") == base for r in records):
+            raise GpucrError(f"job {base} is not an array job, so it has no task {spec}", f"give {ID_FORMS}")
+        raise JobUnknown(f"no array task {spec} known to Slurm",
+                         f"check the task with squeue -r -j {base}; ended tasks are forgotten after MinJobAge")
+    for r in records:
+        if r.get("HetJobId") == base and r.get("HetJobOffset") == str(int(index)):
+            return check_job_id(r["JobId"])
+    if not any(r.get("HetJobId") == base for r in records):
+        raise GpucrError(f"job {base} is not a heterogeneous job, so it has no component {spec}",
+                         f"give {ID_FORMS}")
+    raise JobUnknown(f"no component {spec} known to Slurm", f"check the components with squeue -j {base}")
 
 
 def check_access(job: Job, fix: str = "only the job's owner, root, or a Slurm operator the site lets through "
