@@ -74,3 +74,59 @@ def test_the_operator_door_stays_shut_for_a_job_slurm_does_not_know(monkeypatch)
     monkeypatch.setattr(os, "geteuid", lambda: 4242)
     monkeypatch.setattr(os, "execvp", lambda *a: (_ for _ in ()).throw(AssertionError("went through the door")))
     assert operator_door.through_door_if_not_mine("restore", "77") is None
+
+
+def test_a_json_report_then_a_failure_is_still_one_document(monkeypatch, capsys):
+    """A command that prints its report and then fails (doctor with a FAIL in it):
+    stdout is that one document, the error is the line on stderr and the exit status."""
+    import json
+    import sys
+
+    import click
+    import pytest
+
+    from gpucr_hpc.cli import main as cli_main
+    from gpucr_hpc.cli import output
+    from gpucr_hpc.errors import GpucrError
+
+    @click.command("report-then-fail")
+    @click.option("--json", "as_json", is_flag=True)
+    def report_then_fail(as_json):
+        output.print_json("report", {"ok": False})
+        raise GpucrError("1 check failed", "fix it")
+
+    monkeypatch.setitem(cli_main.cli.commands, "report-then-fail", report_then_fail)
+    monkeypatch.setattr(output, "_printed", [])
+    monkeypatch.setattr(sys, "argv", ["gpucr-hpc", "report-then-fail", "--json"])
+    with pytest.raises(SystemExit) as e:
+        cli_main.main()
+    out, err = capsys.readouterr()
+    assert e.value.code == 1
+    assert json.loads(out) == {"schema": "gpucr-hpc.report/1", "ok": False}, out
+    assert err.strip() == "gpucr-hpc: error: 1 check failed; fix it", err
+
+
+def test_an_unforeseen_os_error_with_json_is_a_document_too(monkeypatch, capsys):
+    import json
+    import sys
+
+    import click
+    import pytest
+
+    from gpucr_hpc.cli import main as cli_main
+    from gpucr_hpc.cli import output
+
+    @click.command("os-error")
+    @click.option("--json", "as_json", is_flag=True)
+    def os_error(as_json):
+        raise PermissionError(13, "Permission denied", "/nowhere")
+
+    monkeypatch.setitem(cli_main.cli.commands, "os-error", os_error)
+    monkeypatch.setattr(output, "_printed", [])
+    monkeypatch.setattr(sys, "argv", ["gpucr-hpc", "os-error", "--json"])
+    with pytest.raises(SystemExit):
+        cli_main.main()
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["schema"] == "gpucr-hpc.error/1" and "PermissionError" in doc["error"], doc
+    assert len(err.strip().splitlines()) == 1

@@ -68,7 +68,9 @@ def test_requeued_gpu_job_is_steered_to_its_gpu_model(slurm_cluster, workdir):
     want = [f for f in ("gpu_nvidia", "gpu_fake", "gpu_h100") if f in have.split("AvailableFeatures=")[1].split()[0]]
 
     pre = gpucr(slurm_cluster, "preempt", jobid, "--json")
-    assert json.loads(pre.stdout)["gpu_steering"] == "&".join(want), pre.stdout
+    doc = json.loads(pre.stdout)
+    assert doc["gpu_steering"] == "&".join(want), pre.stdout
+    assert doc["schema"] == "gpucr-hpc.preempt/1" and doc["job"] == jobid, pre.stdout  # once "42 "
     assert slurm_cluster.job(jobid)["Features"] == "&".join(want)
     finished_after_one_restart(slurm_cluster, jobid, out, log, steps)
 
@@ -300,7 +302,8 @@ def test_status_of_a_job(slurm_cluster, workdir):
         slurm_cluster.run("scancel", jobid, check=False)
     bad = gpucr(slurm_cluster, "status", "../etc", check=False)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines() == [
-        "gpucr-hpc: error: '../etc' is not a job id; give the numeric Slurm job id"]
+        "gpucr-hpc: error: '../etc' is not a job id; give a job id (1234), an array task (1234_5) "
+        "or a heterogeneous job's component (1234+0)"]
 
 
 def test_signal_to_the_batch_step_reaches_the_restored_script(slurm_cluster, workdir):

@@ -59,13 +59,19 @@ def main():
         sys.exit(e.exit_code)
     except GpucrError as e:
         click.echo(f"gpucr-hpc: error: {e.one_line()}", err=True)
-        if "--json" in sys.argv[1:]:  # the report asked for is the error, as JSON
-            output.print_json("error", {"error": " ".join(e.cause.split()), "fix": e.fix,
-                                        "exit_code": e.exit_code})
+        _json_error(e.cause, e.fix, e.exit_code)
         sys.exit(e.exit_code)
     except OSError as e:  # not foreseen where it happened: still one line, never a traceback
         where = f" ({e.filename})" if e.filename else ""
         click.echo(f"gpucr-hpc: error: {type(e).__name__}: {e.strerror or e}{where}; unexpected here: "
                    "check the job or process (gpucr-hpc status), run the command again, and report "
                    "it with this line if it persists", err=True)
+        _json_error(f"{type(e).__name__}: {e.strerror or e}{where}", "", 1)
         sys.exit(1)
+
+
+def _json_error(cause: str, fix: str, exit_code: int) -> None:
+    """With --json the report asked for is the error, as the command's one document
+    (none where the command printed its own before it failed)."""
+    if "--json" in sys.argv[1:] and not output.printed_json():
+        output.print_json("error", {"error": " ".join(cause.split()), "fix": fix, "exit_code": exit_code})

@@ -25,10 +25,21 @@ def json_document(kind: str, fields: Mapping) -> dict:
     return {"schema": f"gpucr-hpc.{kind}/{SCHEMA_VERSION}", **fields}
 
 
+_printed: list[str] = []  # the kinds of the documents printed by this process
+
+
 def print_json(kind: str, fields: Mapping) -> None:
     """Print json_document(kind, fields) on stdout: the one document a --json command
-    prints (any other line goes to stderr)."""
+    prints (any other line goes to stderr). A command may still fail after it (a
+    report with failures in it: raise GpucrError): the error is then only the line
+    on stderr and the exit status, no second document (see printed_json)."""
     click.echo(json.dumps(json_document(kind, fields), indent=2, sort_keys=True, default=str))
+    _printed.append(kind)
+
+
+def printed_json() -> bool:
+    """Whether this process has printed its --json document already."""
+    return bool(_printed)
 
 
 # Piped output is read by scripts and people's `grep`: a line is never cut.
