@@ -99,7 +99,7 @@ class Ctx:
         """The workload, under the shim or not; env: extra variables (e.g. CUDA_VISIBLE_DEVICES)."""
         out = self.root / f"{name}.out"
         err = self.root / f"{name}.err"
-        cmd = [sys.executable, str(TRAIN), *self.wl_args]
+        cmd = [sys.executable, str(self.args.workload), *self.wl_args]
         if shim:
             arena = (["--arena", self.args.arena] if self.args.arena else []) + \
                     (["--arena-size", self.args.arena_size] if self.args.arena_size else [])
@@ -273,6 +273,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--image-root", default=None, help="where images go (default: a new dir in /var/tmp)")
+    ap.add_argument("--workload", default=str(TRAIN),
+                    help="the program: STEPS BALLAST_GIB PACE_S, prints `step I ...` and `checksum ...` "
+                         "(tests/shim_workloads: train_torch.py, triton_loop.py, compile_loop.py)")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--checkpoint-at", type=int, default=20)
     ap.add_argument("--ballast-gib", type=float, default=2.0)
@@ -295,7 +298,7 @@ def main():
         ctx.cli_env["GPUCR_COPY_HELPER"] = str(sock)
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": smi("name")[0], "driver": smi("driver_version")[0], "image_root": str(ctx.root),
-           "args": vars(args)}
+           "args": vars(args), "compile_mode": os.environ.get("COMPILE_MODE")}
     try:
         import torch
         res["torch"] = torch.__version__

@@ -2,7 +2,8 @@
 """GPU verification of the shim, in one run on a GPU machine.
 
 For each workload — PyTorch (default caching allocator, expandable_segments,
-cudaMallocAsync), CuPy, a CUDA C program calling cudaMalloc — it runs:
+cudaMallocAsync), CuPy, a CUDA C program calling cudaMalloc, a Triton kernel
+launched by Triton's launcher, torch.compile (default and reduce-overhead) — it runs:
   1. a reference run without the shim;
   2. a run under `gpucr-hpc run`, checkpointed in place and restored CYCLES times
      while it trains, and checks:
@@ -56,6 +57,10 @@ def workloads(args):
         "torch_cudaMallocAsync": (torch_cmd, {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}),
         "cupy": ([py, str(WL / "cupy_prog.py")], {}),
         "cuda_c_cudaMalloc": ([args.cuda_bin], {}),
+        # launches through Triton's own launcher, and torch.compile's kernels
+        "triton": ([py, str(WL / "triton_loop.py")], {}),
+        "torch_compile": ([py, str(WL / "compile_loop.py")], {"COMPILE_MODE": "default"}),
+        "torch_compile_reduce_overhead": ([py, str(WL / "compile_loop.py")], {"COMPILE_MODE": "reduce-overhead"}),
     }
     return {k: v for k, v in out.items() if not args.only or k in args.only}
 
@@ -127,7 +132,7 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
         return res
 
     run_dir = Path(args.run_dir)
-    shim_env = dict(env, GPUCR_RUN_DIR=str(run_dir), GPUCR_SHIM=str(REPO / "shim" / "libgpucr-cuda.so"))
+    shim_env = dict(env, GPUCR_RUN_DIR=str(run_dir), GPUCR_SHIM=str(args.shim))
     if args.arena:
         shim_env["GPUCR_ARENA_DIR"] = args.arena
     if args.copy_helper:
@@ -154,7 +159,13 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             st = ShimClient(pid, run_dir).status()
             entry["tracked_gpu_bytes"] = st.gpu_bytes
             entry["async_bytes"] = st.async_bytes
-            cp = in_place.checkpoint_tree(pid, timeout_ms=20000, run_dir=run_dir)
+            if args.shim_only:  # the shim's yield alone, as on a SIGTSTP suspend or before a dump
+                t_cp = time.monotonic()
+                one = dict(ShimClient(pid, run_dir).checkpoint(20000).raw)
+                cp = {"phases": {"total_s": round(time.monotonic() - t_cp, 3)}, "processes": [one],
+                      "bytes": one.get("bytes")}
+            else:
+                cp = in_place.checkpoint_tree(pid, timeout_ms=20000, run_dir=run_dir)
             entry["checkpoint"] = cp["phases"]
             entry["checkpoint_path"] = {k: cp["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
             entry["checkpoint_bytes"] = cp["bytes"]
@@ -163,10 +174,15 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             if c == 0:
                 total_mib = int(smi("memory.total")[0])
                 entry["other_process_alloc"] = other_process_alloc(round((total_mib - args.headroom_mib) / 1024, 1))
-            time.sleep(0.2)
+            time.sleep(args.hold_s)  # the program goes on and launches into the yield meanwhile
             entry["steps_while_checkpointed"] = proc.steps() - entry["steps_while_checkpointed_start"]
             # with the copy helper, every other restore is prefilled
-            rs = in_place.restore_tree(pid, run_dir=run_dir, prefill=bool(args.copy_helper and c % 2))
+            if args.shim_only:
+                t_rs = time.monotonic()
+                one = dict(ShimClient(pid, run_dir).restore().raw)
+                rs = {"phases": {"total_s": round(time.monotonic() - t_rs, 3)}, "processes": [one]}
+            else:
+                rs = in_place.restore_tree(pid, run_dir=run_dir, prefill=bool(args.copy_helper and c % 2))
             entry["restore"] = rs["phases"]
             entry["restore_path"] = {k: rs["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
             entry["used_mib_after_restore"] = gpu_used_mib()
@@ -196,7 +212,8 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
     res["shim_checksum"] = shim_out[-1] if shim_out else None
     if cyc:
         # what was in use before any workload (the copy helper's own contexts)
-        ck["vram_after_checkpoint_le_64MiB"] = all(e["used_mib_after_checkpoint"] - args.baseline_mib <= 64 for e in cyc)
+        if not args.shim_only:  # the shim's yield alone leaves the CUDA context on the GPU
+            ck["vram_after_checkpoint_le_64MiB"] = all(e["used_mib_after_checkpoint"] - args.baseline_mib <= 64 for e in cyc)
         ck["no_progress_while_checkpointed"] = all(e["steps_while_checkpointed"] == 0 for e in cyc)
         if "other_process_alloc" in cyc[0]:
             ck["other_process_allocates_freed_memory"] = cyc[0]["other_process_alloc"]["ok"]
@@ -244,6 +261,10 @@ def main():
     ap.add_argument("--pace-ms", type=int, default=20)
     ap.add_argument("--headroom-mib", type=int, default=4096)
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--shim-only", action="store_true",
+                    help="yield through the shim alone (no driver checkpoint), as a SIGTSTP suspend does")
+    ap.add_argument("--shim", default=str(REPO / "shim" / "libgpucr-cuda.so"), help="the shim to run under")
+    ap.add_argument("--hold-s", type=float, default=0.2, help="how long each checkpoint is held before the restore")
     ap.add_argument("--arena", default=None)
     ap.add_argument("--run-dir", default="/tmp/gpucr-verify-run")
     ap.add_argument("--cuda-bin", default="/tmp/gpucr_cuda_malloc")

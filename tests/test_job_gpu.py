@@ -132,14 +132,15 @@ def reference(tmp_path_factory):
     return {"lines": got, "seconds": round(time.monotonic() - t, 2)}
 
 
-def submit(cluster, workdir: Path, user=None) -> tuple[str, Path, Path]:
+def submit(cluster, workdir: Path, user=None, program: Path = TRAIN, steps: int = STEPS,
+           env: dict | None = None) -> tuple[str, Path, Path]:
     """The training job, submitted by root or by `user` (then workdir is theirs)."""
     train_out, job_out = workdir / "train.out", workdir / "job.out"
     script = workdir / "job.sh"
+    exports = "".join(f"export {k}={v}\n" for k, v in {**ENV, **(env or {})}.items())
     script.write_text(f"""#!/bin/bash
 echo "start restart=${{SLURM_RESTART_COUNT:-0}} gpus=$CUDA_VISIBLE_DEVICES uid=$(id -u)"
-export CUBLAS_WORKSPACE_CONFIG={ENV['CUBLAS_WORKSPACE_CONFIG']}
-{sys.executable} {TRAIN} {STEPS} {BALLAST_GIB} {PACE} >{train_out}
+{exports}{sys.executable} {program} {steps} {BALLAST_GIB} {PACE} >{train_out}
 echo "after python rc=$?"
 """)
     args = ("--gpucr=on", "--gres=gpu:1", "-o", str(job_out))
@@ -185,7 +186,7 @@ def check_job(info, job_out: Path, train_out: Path, reference, figures):
     got = lines(train_out)
     figures["bit_identical"] = got == reference["lines"]
     figures["steps_once"] = [ln.split()[1] for ln in got if ln.startswith("step ")] == \
-        [str(i) for i in range(STEPS)]
+        [str(i) for i in range(len(reference["lines"]) - 1)]
     assert info["JobState"] == "COMPLETED", (text, info)
     assert info["Restarts"] == "1", info
     assert text.count("start restart=0") == 1 and "start restart=1" not in text, text
@@ -251,11 +252,12 @@ def data_paths(cluster, jobid) -> list[str]:
     return out
 
 
-def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt", fast_path=False):
+def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt", fast_path=False, **job):
     """The job's owner (root, or an ordinary user) preempts it with gpucr-hpc.
-    fast_path: the preemption waits until the arena and the helper are ready."""
+    fast_path: the preemption waits until the arena and the helper are ready;
+    job: submit's program, steps and env."""
     idle = int(smi("memory.used")[0])
-    jobid, train_out, job_out = submit(cluster, workdir, user)
+    jobid, train_out, job_out = submit(cluster, workdir, user, **job)
     vram = VramSampler()
     figures: dict = {"job": jobid, "vram_mib_idle": idle, "user": user.pw_name if user else "root"}
     try:
@@ -299,6 +301,30 @@ def preempted_by_owner(cluster, workdir, reference, user=None, name="preempt", f
 
 def test_gpu_job_preempted_requeued_restored_bit_identical(slurm_cluster, workdir, reference):
     preempted_by_owner(slurm_cluster, workdir, reference)
+
+
+FRAMEWORK_STEPS = 150
+
+
+@pytest.mark.parametrize("program,mode", [("triton_loop.py", None), ("compile_loop.py", "default"),
+                                          ("compile_loop.py", "reduce-overhead")],
+                         ids=["triton", "torch_compile", "torch_compile_reduce_overhead"])
+def test_framework_job_preempted_requeued_restored_bit_identical(slurm_cluster, workdir, tmp_path, program, mode):
+    """A Triton program launching through Triton's own launcher, and torch.compile
+    in both modes, preempted under Slurm: yielded, dumped, requeued, restored,
+    and its output is the uninterrupted run's."""
+    pytest.importorskip("triton")
+    path = REPO / "tests" / "shim_workloads" / program
+    env = {"COMPILE_MODE": mode} if mode else {}
+    out = tmp_path / "reference.out"
+    with open(out, "w") as f:
+        r = subprocess.run([sys.executable, str(path), str(FRAMEWORK_STEPS), str(BALLAST_GIB), str(PACE)],
+                           stdout=f, stderr=subprocess.PIPE, text=True, timeout=600,
+                           env={**{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, **ENV, **env})
+    assert r.returncode == 0, r.stderr[-2000:]
+    reference = {"lines": lines(out), "seconds": None}
+    preempted_by_owner(slurm_cluster, workdir, reference, name=f"preempt_{program.split('.')[0]}_{mode or 'triton'}",
+                       program=path, steps=FRAMEWORK_STEPS, env=env)
 
 
 def test_gpu_job_with_the_site_fast_path(slurm_cluster, workdir, reference):

@@ -209,3 +209,30 @@ def test_block_checksummed_file_is_verified(tmp_path, monkeypatch):
         f.write(b"\x00" if data[(3 << 20) + 7] else b"\x01")
     with pytest.raises(GpucrError, match="checksum mismatch in process-1.h5"):
         image_store.open_image(img)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("workload,mode", [("triton_loop.py", None), ("compile_loop.py", "default"),
+                                           ("compile_loop.py", "reduce-overhead")],
+                         ids=["triton", "torch_compile", "torch_compile_reduce_overhead"])
+def test_framework_process_migrates_bit_identically(tmp_path, workload, mode):
+    """A Triton program launching through Triton's launcher, and torch.compile in
+    both modes: checkpoint --to (the process gone), restore --from, the output
+    as an uninterrupted run's."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    root_criu_or_skip()
+    build_shim()
+    results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
+    out = results / f"migrate-gpu-{workload.split('.')[0]}-{mode or 'triton'}.json"
+    env = dict(os.environ, **({"COMPILE_MODE": mode} if mode else {}))
+    r = subprocess.run([sys.executable, str(REPO / "scripts/migrate_gpu_verify.py"), "--out", str(out),
+                        "--image-root", str(tmp_path / "images"), "--workload",
+                        str(REPO / "tests" / "shim_workloads" / workload), "--steps", "60",
+                        "--checkpoint-at", "20", "--ballast-gib", "1", "--only", "kill"],
+                       capture_output=True, text=True, timeout=1200, env=env)
+    assert out.exists(), f"no result written: {r.stdout[-2000:]} {r.stderr[-2000:]}"
+    res = json.loads(out.read_text())
+    assert "error" not in res["kill"], f"{res['kill']['error']}\n{res['kill'].get('stderr_tail')}"
+    for check, ok in res["checks"].items():
+        assert ok, f"{check} failed: {r.stdout[-3000:]}"

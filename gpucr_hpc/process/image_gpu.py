@@ -157,8 +157,10 @@ class GpuCheckpoint:
     def _save(self, tg) -> dict:
         # pid: the process now (a tree left running goes on with it); image_pid: as CRIU
         # records it, what a restore maps back (they differ for a tree restored before).
+        # driver: the driver held state of it (a process that only loaded libcuda, such
+        # as a torch.compile worker, has none: a restore must not ask the driver of it)
         rec = {"pid": tg.pid, "image_pid": criu_mod.pid_in_image(tg.pid),
-               "shim": tg.shim, "cuda": tg.cuda, "h5": None, "bytes": 0,
+               "shim": tg.shim, "cuda": tg.cuda, "driver": tg.driver_state is not None, "h5": None, "bytes": 0,
                "socket": str(ShimClient(tg.pid, self.run_dir).path) if tg.shim else None}
         reply = tg.checkpointed if tg.shim else NO_REPLY
         if reply.data_path:  # how the data left the GPU (helper, bounce, direct)
@@ -372,6 +374,12 @@ def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> 
     return out
 
 
+def _driver_held(rec: dict) -> bool:
+    """Whether the driver checkpointed this process (images before the "driver"
+    field: every CUDA process)."""
+    return bool(rec.get("driver", rec["cuda"]))
+
+
 def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
                 plan: gpu_remap.Plan | None = None, check: bool = False,
                 data_paths: dict[int, str] | None = None, fill=None) -> dict:
@@ -382,16 +390,15 @@ def restore_gpu(m: dict, image_dir: Path, pid_map: dict[int, int],
     fill (arena_fill.ArenaFill): the arenas being filled since before CRIU ran."""
     timings: dict[str, float] = {}
     recs = m.get("gpu_processes") or []
-    cuda = [r for r in recs if r["cuda"]]
     targets = []
     t0 = time.monotonic()
-    driver = in_place._driver() if cuda else None
+    driver = in_place._driver() if any(map(_driver_held, recs)) else None
     for r in recs:
         host = pid_map.get(image_pid(r))
         if host is None:
             raise GpucrError(f"process {image_pid(r)} of the image was not restored", "see the CRIU restore log")
         t = in_place.Target(host, shim=r["shim"], cuda=r["cuda"], shim_state="checkpointed" if r["shim"] else "")
-        t.driver_state = driver.state(host, cuda=True) if driver and r["cuda"] else None
+        t.driver_state = driver.state(host, cuda=True) if driver and _driver_held(r) else None
         if plan and r["cuda"]:
             t.gpu_pairs = plan.pairs(r["gpu_uuids"])
         targets.append((r, t))
