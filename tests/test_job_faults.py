@@ -3,6 +3,7 @@
 * a node agent killed in the middle of a checkpoint: aborted, the job runs on;
 * the image store full: aborted, the previous generation intact, the job runs on;
 * a rank's image missing at restore: the job is held with the reason, the image untouched;
+* the generation LATEST names gone at a requeue: held the same way, never run from the top;
 * a rank whose restore fails on its node: the same, and the script does not go on past srun;
 * a node that fails while the job is restored on it: restored again elsewhere, once;
 * a restore step that outlived its restart (its launch crossed a requeue): restores nothing;
@@ -12,6 +13,7 @@
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -202,6 +204,40 @@ def test_missing_rank_image_holds_job_with_reason_and_keeps_image(slurm_cluster,
         slurm_cluster.run("scancel", jobid, check=False)
         if hidden.exists():
             hidden.rename(rank)
+
+
+def test_generation_latest_names_gone_holds_job_and_an_earlier_one_restores(slurm_cluster, workdir):
+    """A 2-node job with two committed generations loses the one LATEST names; a
+    requeue must not run the script from the top (it did, saying nothing): the job is
+    held, naming the lost generation and the one to restore; `--from 1` goes on."""
+    jobid, logs = start_counting_job(slurm_cluster, workdir, ntasks=2, extra=("-N2", "--ntasks-per-node=1"))
+    job_dir = slurm_cluster.state / "images" / jobid
+    try:
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        gpucr(slurm_cluster, "checkpoint", jobid)
+        assert (job_dir / "LATEST").read_text().split()[0] == "gen-2"
+        before = tree_digest(job_dir / "gen-1")
+        shutil.rmtree(job_dir / "gen-2")
+        slurm_cluster.run("scontrol", "requeue", jobid)
+        comment = lambda: slurm_cluster.run("scontrol", "show", "job", jobid).stdout  # noqa: E731
+        wait_for(lambda: "Comment=gpucr: cannot restore" in comment(), timeout=120,
+                 what="the job to be held with the reason",
+                 detail=lambda: comment() + (workdir / "job.out").read_text(errors="replace")
+                 + slurm_cluster.restore_log(jobid))
+        info = slurm_cluster.wait_state(jobid, "PENDING", timeout=60)
+        assert "held" in info["Reason"], info
+        assert "gen-2 (LATEST) is gone" in comment() and f"then: gpucr-hpc restore {jobid} --from 1" in comment()
+        assert "gen-2, the checkpoint LATEST names, is gone" in slurm_cluster.restore_log(jobid)
+        for p in logs:
+            got = numbers(p)
+            assert got == list(range(len(got))), "a rank ran from the top"
+        assert tree_digest(job_dir / "gen-1") == before, "the failed restore changed the image"
+        r = gpucr(slurm_cluster, "restore", jobid, "--from", "1")
+        assert "restoring from gen-1" in r.stdout
+        ranks_count_on(slurm_cluster, jobid, logs)
+        assert (job_dir / "LATEST").read_text().split()[0] == "gen-1"  # a requeue restores it again
+    finally:
+        slurm_cluster.run("scancel", jobid, check=False)
 
 
 def test_rank_that_cannot_be_restored_holds_the_job(slurm_cluster, workdir):

@@ -1,9 +1,13 @@
 """The image store's generations and the submission each belongs to (job/generations.py), on real files."""
 
+import os
+import shutil
+import time
+
 import pytest
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import generations
+from gpucr_hpc.job import events, generations
 from gpucr_hpc.store import manifest as mf
 
 OLD, NEW = "c:0:old", "c:0:new"
@@ -22,8 +26,11 @@ def commit(job_dir, n, submission, uid=0):
 def reused(tmp_path):
     """Job id 7: two generations of an old submission, then one of a new one."""
     job_dir = tmp_path / "7"
+    job_dir.mkdir()
+    generations.claim(job_dir, OLD)  # at its start, as the batch supervisor does
     for n in (1, 2, 3):
         commit(job_dir, n, OLD)
+    generations.claim(job_dir, NEW)
     commit(job_dir, 4, NEW)
     return job_dir
 
@@ -73,3 +80,71 @@ def test_a_forgotten_job_can_pick_any_committed_generation(reused):
     assert generations.any_committed(reused, 2).name == "gen-2"
     with pytest.raises(GpucrError):
         generations.any_committed(reused, 9)
+
+
+# A start that finds its own checkpoint gone (generations.lost): the job is held with
+# what is gone and what goes on, never run from the top, never restored from elsewhere.
+
+def latest_gen_5_lost(job_dir):
+    shutil.rmtree(commit(job_dir, 5, NEW))
+
+
+@pytest.mark.parametrize("damage, summary", [
+    (latest_gen_5_lost, "gen-5 (LATEST) is gone"),
+    (lambda d: generations.write_pointer(d, "LATEST", d / "gen-9", NEW), "gen-9 (LATEST) is gone"),
+    (lambda d: (d / "LATEST").write_text("\x00\x17garbage"), "LATEST is garbled"),
+    (lambda d: ((d / "LATEST").unlink(), (d / "LATEST").mkdir()), "LATEST is unreadable"),
+    (lambda d: (d / "LATEST").unlink(), "LATEST is missing"),
+    (lambda d: (d / "gen-4" / mf.COMMITTED).unlink(), "gen-4 (LATEST) is not committed"),
+])
+def test_a_start_whose_checkpoint_is_gone_is_told_what_is_gone_and_what_goes_on(reused, damage, summary):
+    damage(reused)
+    gone = generations.lost(reused, NEW)
+    assert gone is not None and gone.summary == summary, gone
+    if "gen-4" in summary:  # no other of its own
+        assert gone.then == "scancel 7, submit it again" and "from the top" in gone.fix
+    else:
+        assert gone.then == "gpucr-hpc restore 7 --from 4", gone.then
+    assert "\n" not in gone.one_line()
+    with pytest.raises(generations.LostCheckpoint):  # never the resubmission's source instead
+        generations.start_target(reused, NEW, str(reused / "gen-3"))
+
+
+def test_a_checkpoint_only_events_record_is_gone_too(reused):
+    for n in (2, 3, 4):
+        shutil.rmtree(reused / f"gen-{n}")
+    (reused / "LATEST").unlink()
+    events.record(reused, 0, what="checkpoint", ok=True, generation="gen-4")
+    gone = generations.lost(reused, NEW)
+    assert gone is not None and gone.summary == "gen-4 is gone" and "events.jsonl" in gone.cause
+    assert gone.then == "scancel 7, submit it again"
+
+
+def test_no_trace_of_a_checkpoint_of_its_own_is_a_start_from_the_top(reused, tmp_path):
+    assert generations.lost(reused, NEW) is None  # LATEST names a committed one
+    fresh = tmp_path / "8"
+    fresh.mkdir()
+    generations.claim(fresh, NEW)
+    events.record(fresh, 0, what="checkpoint", ok=False, error="refused")
+    assert generations.lost(fresh, NEW) is None  # a checkpoint that failed made nothing
+    # A new submission of the id: the old one's pointers, garbled ones and records are not its.
+    events.record(reused, 0, what="checkpoint", ok=True, generation="gen-4")
+    (reused / "RESTORE").write_text("junk\n")
+    os.utime(reused / "RESTORE", (1, 1))
+    time.sleep(0.05)  # the claim's time on the file, coarser than the records'
+    generations.claim(reused, "c:0:third")
+    assert generations.lost(reused, "c:0:third") is None
+    assert generations.lost(reused, None) is None
+
+
+def test_the_generation_restored_as_asked_is_latest_in_place_of_a_lost_one(reused):
+    latest_gen_5_lost(reused)
+    generations.write_pointer(reused, "RESTORE", reused / "gen-4", NEW)
+    assert generations.start_target(reused, NEW, None).name == "gen-4"
+    generations.mend_latest(reused, reused / "gen-4", NEW)
+    (reused / "RESTORE").unlink()
+    assert generations.lost(reused, NEW) is None
+    assert generations.start_target(reused, NEW, None).name == "gen-4"
+    commit(reused, 6, NEW)
+    generations.mend_latest(reused, reused / "gen-4", NEW)  # one that names a checkpoint stays
+    assert generations.read_pointer(reused, "LATEST").name == "gen-6"

@@ -379,6 +379,8 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
         m = check_generation(gen, jobid)
     except UnusableGeneration as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e
+    except generations.LostCheckpoint as e:  # checkpointed, and the checkpoint is gone: never run from the top
+        raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, e.then) from e
     except GpucrError as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
                       "no committed checkpoint to restore", from_older) from e
@@ -401,6 +403,8 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     try:
         if "batch" in m["units"]:
             batch = restore_batch_unit(gen, m, site, jobid, lock)
+        if asked and gen.parent == job_dir:  # the generation asked for in place of a lost LATEST is it now
+            generations.mend_latest(job_dir, gen, config.value("GPUCR_SUBMISSION"))
         (job_dir / generations.RESTORE).unlink(missing_ok=True)
     except GpucrError as e:
         if batch is not None:

@@ -5,7 +5,8 @@ and sets GPUCR_BATCH_SUPERVISE=1. The supervisor
 
 1. starts the script as its child, or, for a requeued job with a committed
    checkpoint, restores the script's tree and the running step's ranks
-   (job/batch_restore.py);
+   (job/batch_restore.py); a job checkpointed before whose checkpoint is gone
+   (generations.lost) is held with the reason, never run from the top;
 2. records the script's pid in the task registry, so that node agents
    checkpoint the script's tree, never this process;
 3. on the job's warning signal (GPUCR_CHECKPOINT_SIGNAL: Slurm sends it at the
@@ -216,6 +217,10 @@ def main() -> int:
     # Blocked before any thread or child exists; the child gets them back.
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     batch_restore.open_log(site.job_image_dir(jobid))
+    # The plugin restores a job with a checkpoint to restore (spank/restart.c); one that
+    # was checkpointed and whose checkpoint is gone goes the same way, and is held with
+    # the reason: never run from the top. Asked before the claim, which dates the traces.
+    restoring = restoring or config.value("GPUCR_RESTORE_FROM") or lost_checkpoint(site.job_image_dir(jobid))
     generations.claim(site.job_image_dir(jobid), config.value("GPUCR_SUBMISSION"))
     if restoring:
         lock = ExitStack()  # the job's, until every rank is back (batch_restore)
@@ -248,6 +253,15 @@ def main() -> int:
     stop.set()
     batch_restore.log(f"batch script ended with status {status}")
     return exit_like(status)
+
+
+def lost_checkpoint(job_dir) -> bool:
+    """A trace of a checkpoint of this submission that cannot be restored (generations.lost)."""
+    try:
+        return generations.lost(job_dir, config.value("GPUCR_SUBMISSION")) is not None
+    except Exception as e:  # noqa: BLE001 - what cannot be read is the restore's to hold with the reason
+        batch_restore.log(f"supervisor: the job's checkpoints could not be looked at ({type(e).__name__}: {e})")
+        return False
 
 
 def _restore_ranks(jobid, m, gen, child, step_rc: list, lock) -> None:

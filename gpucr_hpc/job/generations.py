@@ -194,6 +194,20 @@ def _publish(gen_dir: Path, manifest: dict, marker_name: str) -> None:
         claim(job_dir, submission)
 
 
+def mend_latest(job_dir: Path, gen_dir: Path, submission: str | None) -> None:
+    """After `gen_dir` was restored as asked (RESTORE): LATEST names it where LATEST named
+    no checkpoint of the submission to restore (gone, garbled, missing), so that the next
+    start restores it rather than holding the job again. One that names one stays."""
+    latest = read_pointer(job_dir, LATEST)
+    if not submission or (latest is not None and pointer_submission(job_dir, LATEST) == submission
+                          and ((latest / mf.COMMITTED).exists() or is_staged(latest))):
+        return
+    try:
+        write_pointer(job_dir, LATEST, gen_dir, submission)
+    except OSError:
+        pass  # the next start holds the job again, saying why
+
+
 def manifest_of(gen_dir: Path) -> dict:
     """The manifest of a committed generation, or of a staged one before its drain."""
     gen_dir = Path(gen_dir)
@@ -399,17 +413,149 @@ def restore_target(job_dir: Path, gen: int | None = None, submission: str | None
 
 def start_target(job_dir: Path, submission: str | None, restore_from: str | None) -> Path:
     """What a starting job restores, the same choice as spank/restart.c makes:
-    its own submission's RESTORE or LATEST, else a resubmission's source."""
+    its own submission's RESTORE or LATEST, else a resubmission's source. A job
+    whose own checkpoint is gone is never restored from an older source instead:
+    LostCheckpoint says what is gone (the job is held)."""
     job_dir = Path(job_dir)
     for name in (RESTORE, LATEST):
         path = read_pointer(job_dir, name)
         if (submission and path and pointer_submission(job_dir, name) == submission
                 and (path / mf.COMMITTED).exists()):
             return restore_target(job_dir, int(path.name[4:]), submission)
+    gone = lost(job_dir, submission)
+    if gone is not None:
+        raise gone
     if restore_from:
         return resubmission_source(Path(restore_from), submission)
     raise GpucrError(f"no committed checkpoint of this submission of job {job_dir.name} under {job_dir}",
                      "the job starts from the top when it runs again")
+
+
+class LostCheckpoint(GpucrError):
+    """A job checkpointed before whose checkpoint a start cannot find: `summary` is the
+    short form and `then` the command that goes on (a held job's Comment)."""
+
+    def __init__(self, cause: str, fix: str, summary: str, then: str):
+        super().__init__(cause, fix)
+        self.summary = summary
+        self.then = then
+
+
+COMMITS = ("checkpoint", "preempt", "drain")  # events.jsonl records of a generation made
+
+
+def lost(job_dir: Path, submission: str | None) -> LostCheckpoint | None:
+    """Why `submission`, checkpointed before, has no checkpoint a start can restore;
+    None: it has one, or was never checkpointed (no trace of it: it starts from the top).
+    Traces: RESTORE or LATEST of the submission naming a generation that is gone or not
+    committed; one garbled or unreadable, of the submission or written since it claimed
+    the job id; a generation of its own that neither names; a checkpoint events.jsonl
+    records since the claim. Read before the start claims the id (claim)."""
+    job_dir = Path(job_dir)
+    if not submission:
+        return None  # a job from before submissions: spank/restart.c never restores it
+    since = _claimed_at(job_dir, submission)
+    pointers: list[tuple[str, Path, list[str] | OSError]] = []
+    for name in (LATEST, RESTORE):
+        path = job_dir / name
+        try:
+            words: list[str] | OSError = path.read_text(errors="replace").split()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            words = e
+        if isinstance(words, list) and words[1:2] == [submission] and number(words[0]) >= 0 and (
+                (job_dir / words[0] / mf.COMMITTED).exists() or is_staged(job_dir / words[0])):
+            return None  # a checkpoint to restore
+        pointers.append((name, path, words))
+    for name, path, words in pointers:
+        dated = since is not None and _mtime(path) >= since  # written since the submission claimed the id
+        if isinstance(words, OSError):
+            if dated:
+                return _lost(job_dir, submission, f"cannot read {path}: {words.strerror}", f"{name} is unreadable")
+            continue
+        if not words or number(words[0]) < 0:
+            theirs = len(words) > 1 and words[1] != submission and words[1].count(":") >= 2
+            if not theirs and (words[1:2] == [submission] or dated):
+                return _lost(job_dir, submission, f"{path} names no generation ({' '.join(words)[:40]!r})",
+                             f"{name} is garbled")
+            continue
+        if words[1:2] != [submission]:
+            continue  # another submission's (the job id was given out again), or from before submissions
+        gen = job_dir / words[0]
+        if not gen.is_dir():
+            return _lost(job_dir, submission, f"{gen.name}, the checkpoint {name} names, is gone from {job_dir}",
+                         f"{gen.name} ({name}) is gone")
+        return _lost(job_dir, submission, f"{gen.name}, the checkpoint {name} names, {_state(gen)}",
+                     f"{gen.name} ({name}) is not committed")
+    committed = committed_of(job_dir, submission)
+    if committed:
+        return _lost(job_dir, submission, f"{job_dir} has no LATEST naming its checkpoints "
+                     f"({', '.join(p.name for p in committed)})", "LATEST is missing")
+    mine = [p for _, p, _ in generations(job_dir) if generation_submission(p) == submission]
+    if mine:
+        return _lost(job_dir, submission, f"no committed checkpoint of job {job_dir.name} is left under "
+                     f"{job_dir}: {mine[-1].name} {_state(mine[-1])}", f"{mine[-1].name} is not committed")
+    if since is not None:
+        from gpucr_hpc.job import events  # here: events is needed only for this trace
+        made = [ev for ev in events.read(job_dir) if ev.get("ok") and ev.get("what") in COMMITS
+                and ev.get("generation") and _number_or(ev.get("at")) >= since]
+        if made:
+            ev = made[-1]
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(_number_or(ev["at"])))
+            return _lost(job_dir, submission, f"{events.EVENTS} records {ev['generation']} made by {ev['what']} "
+                         f"at {when}, but no checkpoint of job {job_dir.name} is left under {job_dir} "
+                         "(neither LATEST nor a generation)", f"{ev['generation']} is gone")
+    return None
+
+
+def _number_or(x, default: float = 0.0) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return default
+
+
+def _lost(job_dir: Path, submission: str, cause: str, summary: str) -> LostCheckpoint:
+    """The error, with the command that goes on: a restore of the newest committed
+    generation left, else a new submission (nothing else is restored on its own)."""
+    jobid = job_dir.name
+    left = [p.name[4:] for p in committed_of(job_dir, submission)]
+    if left:
+        then = f"gpucr-hpc restore {jobid} --from {left[-1]}"
+        return LostCheckpoint(cause, f"restore an earlier checkpoint: {then} (committed: {', '.join(left)}; "
+                              f"gpucr-hpc ls {jobid} lists them)", summary, then)
+    then = f"scancel {jobid}, submit it again"
+    return LostCheckpoint(f"{cause}; no other checkpoint of it is left",
+                          f"to run it from the top: scancel {jobid} and submit the job again", summary, then)
+
+
+def _state(gen: Path) -> str:
+    why = drain_failure(gen)
+    if why is not None:
+        return f"was never drained to the image root ({why})"
+    if not (gen / mf.MANIFEST).exists():
+        return "has no manifest.json (its checkpoint never finished)"
+    return "is not committed (its COMMITTED is missing)"
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _claimed_at(job_dir: Path, submission: str) -> float | None:
+    """When `submission` claimed the job id (SUBMISSION names it: its time); None when
+    SUBMISSION names another or is absent: nothing undated there is known to be its."""
+    path = job_dir / SUBMISSION
+    try:
+        if path.read_text().split()[:1] != [submission]:
+            return None
+        return path.stat().st_mtime
+    except OSError:
+        return None
 
 
 def any_committed(job_dir: Path, gen: int | None = None) -> Path:
