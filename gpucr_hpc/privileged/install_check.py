@@ -55,8 +55,18 @@ def roots() -> list[str]:
 
 
 def first_unsafe(paths: list[str]) -> str | None:
+    """The first path root would load that another user can change: each of paths and
+    the folders above it, everything in it, in every subfolder, and what each link in
+    it leads to (the target is checked as a root of its own: a root-owned link to a
+    user's file lets that user change what root runs)."""
     walked: set[str] = set()
-    for root in paths:
+    todo = list(paths)
+    checked: set[str] = set()
+    while todo:
+        root = todo.pop(0)
+        if root in checked:
+            continue
+        checked.add(root)
         bad = unsafe_above(root)
         if bad:
             return bad
@@ -69,8 +79,11 @@ def first_unsafe(paths: list[str]) -> str | None:
             walked.add(here)
             dirs[:] = [d for d in dirs if d not in SKIP]
             for name in dirs + files:
-                if unsafe_entry(os.path.join(here, name)):
-                    return os.path.join(here, name)
+                path = os.path.join(here, name)
+                if unsafe_entry(path):
+                    return path
+                if os.path.islink(path) and os.path.exists(path):
+                    todo.append(os.path.realpath(path))
     return None
 
 
