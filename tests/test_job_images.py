@@ -127,6 +127,10 @@ def test_no_trace_of_a_checkpoint_of_its_own_is_a_start_from_the_top(reused, tmp
     generations.claim(fresh, NEW)
     events.record(fresh, 0, what="checkpoint", ok=False, error="refused")
     assert generations.lost(fresh, NEW) is None  # a checkpoint that failed made nothing
+    died = fresh / "gen-1"  # one that died between its manifest and its COMMITTED
+    died.mkdir()
+    (died / mf.MANIFEST).write_text(f'{{"submission": "{NEW}"}}')
+    assert generations.lost(fresh, NEW) is None
     # A new submission of the id: the old one's pointers, garbled ones and records are not its.
     events.record(reused, 0, what="checkpoint", ok=True, generation="gen-4")
     (reused / "RESTORE").write_text("junk\n")

@@ -191,8 +191,11 @@ def test_a_failed_drain_with_no_earlier_checkpoint_leaves_nothing_to_restore(sit
     gen = job_generation(site, "9", 1, {"rank-0.0": "n1"})
     assert drain_with_fault("9").returncode != 0
     assert generations.read_pointer(gen.parent, generations.LATEST) is None
-    with pytest.raises(GpucrError, match="no committed checkpoint"):
+    with pytest.raises(GpucrError, match="no committed checkpoint") as e:
         generations.start_target(gen.parent, SUBMISSION, None)
+    # checkpointed, and lost: the job is held, never run from the top on its own
+    assert isinstance(e.value, generations.LostCheckpoint) and "injected" in e.value.cause
+    assert e.value.then == "scancel 9, submit it again"
 
 
 def test_a_start_waits_for_a_drain_no_longer_than_it_is_told(site):

@@ -449,8 +449,9 @@ def lost(job_dir: Path, submission: str | None) -> LostCheckpoint | None:
     None: it has one, or was never checkpointed (no trace of it: it starts from the top).
     Traces: RESTORE or LATEST of the submission naming a generation that is gone or not
     committed; one garbled or unreadable, of the submission or written since it claimed
-    the job id; a generation of its own that neither names; a checkpoint events.jsonl
-    records since the claim. Read before the start claims the id (claim)."""
+    the job id; a generation of its own that neither names (committed, or staged and its
+    drain failed); a checkpoint events.jsonl records since the claim. Read before the
+    start claims the id (claim)."""
     job_dir = Path(job_dir)
     if not submission:
         return None  # a job from before submissions: spank/restart.c never restores it
@@ -492,7 +493,10 @@ def lost(job_dir: Path, submission: str | None) -> LostCheckpoint | None:
     if committed:
         return _lost(job_dir, submission, f"{job_dir} has no LATEST naming its checkpoints "
                      f"({', '.join(p.name for p in committed)})", "LATEST is missing")
-    mine = [p for _, p, _ in generations(job_dir) if generation_submission(p) == submission]
+    # Published, and lost before it committed (its drain failed): not one whose checkpoint
+    # died between its manifest and its marker, which never was a checkpoint.
+    mine = [p for _, p, _ in generations(job_dir) if ((p / STAGED).exists() or (p / DRAIN_FAILED).exists())
+            and generation_submission(p) == submission]
     if mine:
         return _lost(job_dir, submission, f"no committed checkpoint of job {job_dir.name} is left under "
                      f"{job_dir}: {mine[-1].name} {_state(mine[-1])}", f"{mine[-1].name} is not committed")
