@@ -1,4 +1,6 @@
-"""scripts/install-deps and scripts/testcluster: idempotent, and one clear line when they cannot work."""
+"""scripts/install-deps (the node install), scripts/testcluster-deps (the test cluster's
+Slurm and munge), scripts/setup-venv and scripts/testcluster: idempotent, the node install
+never touches Slurm or munge, and one clear line when they cannot work."""
 
 import os
 import shutil
@@ -101,17 +103,13 @@ def test_install_deps_refuses_without_root(world_readable_copy):
     assert "must run as root" in one_line_error(out, "install-deps: error:")
 
 
-@needs_root
-def test_install_deps_names_the_package_it_cannot_fetch(tmp_path):
-    """apt sees munge as missing and cannot download it: the error names it.
-
-    In a private mount namespace, a copy of dpkg's status without munge is bound
-    over the real one, and apt is pointed at a closed proxy port with an empty
-    download cache; nothing on the machine changes.
-    """
+def closed_apt(tmp_path, drop):
+    """An apt that cannot download (a closed proxy port, an empty cache) and a copy of
+    dpkg's status without the packages `drop`: bound over the real one in a private mount
+    namespace (run_unshared), those look missing; nothing on the machine changes."""
     status = Path("/var/lib/dpkg/status").read_text().split("\n\n")
-    kept = [s for s in status if not s.startswith("Package: munge\n")]
-    assert len(kept) == len(status) - 1, "munge must be installed for this test"
+    kept = [s for s in status if not any(s.startswith(f"Package: {p}\n") for p in drop)]
+    assert len(kept) == len(status) - len(drop), f"{drop} must be installed for this test"
     fake_status = tmp_path / "status"
     fake_status.write_text("\n\n".join(kept))
     cache = tmp_path / "archives"
@@ -122,13 +120,109 @@ def test_install_deps_names_the_package_it_cannot_fetch(tmp_path):
                         f'Acquire::Retries "0";\n'
                         f'Dir::Cache::archives "{cache}";\n'
                         f'Dir::State::status "{fake_status}";\n')
-    out = subprocess.run(["unshare", "-m", "sh", "-c",
-                          f"mount --bind {fake_status} /var/lib/dpkg/status && "
-                          f"exec {SCRIPTS / 'install-deps'}"],
-                         capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, APT_CONFIG=str(apt_conf)))
+    return fake_status, apt_conf
+
+
+def run_unshared(fake_status, apt_conf, script, **env):
+    return subprocess.run(["unshare", "-m", "sh", "-c",
+                           f"mount --bind {fake_status} /var/lib/dpkg/status && exec {script}"],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, APT_CONFIG=str(apt_conf), **env))
+
+
+@needs_root
+def test_install_deps_names_the_package_it_cannot_fetch(tmp_path):
+    """apt sees hdf5-tools as missing and cannot download it: the error names it."""
+    fake_status, apt_conf = closed_apt(tmp_path, ["hdf5-tools"])
+    line = one_line_error(run_unshared(fake_status, apt_conf, SCRIPTS / "install-deps"), "install-deps: error:")
+    assert "hdf5-tools" in line, line
+
+
+@needs_root
+def test_testcluster_deps_names_the_package_it_cannot_fetch(tmp_path):
+    """And the policy-rc.d that keeps Debian's daemons from starting is removed again
+    where it made one (a machine's own is left as it is)."""
+    policy = Path("/usr/sbin/policy-rc.d")
+    before = policy.read_bytes() if policy.exists() else None
+    fake_status, apt_conf = closed_apt(tmp_path, ["munge"])
+    out = run_unshared(fake_status, apt_conf, SCRIPTS / "testcluster-deps")
+    assert "munge" in one_line_error(out, "testcluster-deps: error:")
+    assert (policy.read_bytes() if policy.exists() else None) == before
+
+
+SLURM_PACKAGES = ["slurm-wlm", "slurmctld", "slurmd", "slurm-client", "libslurm-dev", "munge"]
+
+
+def dpkg_versions(names):
+    out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Version} ${Status}\n", *names],
+                         capture_output=True, text=True)
+    return out.stdout
+
+
+def daemons_and_configs(conf_dir):
+    status = subprocess.run([str(SCRIPTS / "testcluster"), "status"], capture_output=True, text=True,
+                            timeout=60).stdout
+    pids = sorted(ln.split()[0] + " " + ln.split()[-1] for ln in status.splitlines() if "running, pid" in ln)
+    files = {}
+    for d in (conf_dir, Path("/etc/slurm"), Path("/etc/munge")):
+        for f in sorted(d.rglob("*")) if d.exists() else []:
+            if f.is_file():
+                st = f.stat()
+                files[str(f)] = (st.st_mtime_ns, st.st_size, st.st_mode, f.read_bytes())
+    return pids, files
+
+
+@needs_root
+@pytest.mark.slurm
+def test_the_node_install_leaves_a_running_slurm_and_munge_alone(slurm_cluster, tmp_path):
+    """The node install with the cluster's daemons running and Slurm's and munge's packages
+    looking missing (as on a node whose Slurm is the site's own build): it installs none,
+    stops, restarts or reconfigures nothing, and succeeds. A systemctl first on PATH
+    records any call."""
+    pids, files = daemons_and_configs(slurm_cluster.conf.parent)
+    assert len(pids) == 5, pids  # munged, slurmctld, 3 x slurmd
+    versions = dpkg_versions(SLURM_PACKAGES)
+    dpkg_log = Path("/var/log/dpkg.log")
+    log_size = dpkg_log.stat().st_size if dpkg_log.exists() else 0
+    fake_status, apt_conf = closed_apt(tmp_path, SLURM_PACKAGES)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "systemctl-calls"
+    for tool in ("systemctl", "service", "invoke-rc.d"):
+        (bin_dir / tool).write_text(f"#!/bin/sh\necho {tool} \"$@\" >> {calls}\nexit 0\n")
+        (bin_dir / tool).chmod(0o755)
+    out = run_unshared(fake_status, apt_conf, SCRIPTS / "install-deps",
+                       PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert not any("slurm" in ln or "munge" in ln for ln in out.stdout.splitlines() if "installing" in ln), out.stdout
+    assert "system packages already installed" in out.stdout, out.stdout
+    assert not calls.exists(), calls.read_text()
+    assert daemons_and_configs(slurm_cluster.conf.parent) == (pids, files)
+    assert dpkg_versions(SLURM_PACKAGES) == versions
+    new_log = dpkg_log.read_text()[log_size:] if dpkg_log.exists() else ""
+    assert not any(p in new_log for p in ("slurm", "munge")), new_log
+
+
+@needs_root
+def test_the_node_install_names_the_slurm_headers_the_site_must_provide(tmp_path):
+    """Without the site's Slurm headers the plugin cannot be built: one line names the
+    package, and Slurm is not installed."""
+    out = subprocess.run([str(SCRIPTS / "install-deps")], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, SLURM_INCLUDE=str(tmp_path)))
     line = one_line_error(out, "install-deps: error:")
-    assert "munge" in line, line
+    assert "spank.h" in line and "libslurm-dev" in line and "slurm-devel" in line, line
+    assert "never installs Slurm" in line
+
+
+def test_the_venv_has_the_driver_checkpoint_api():
+    """A GPU node's first checkpoint needs cuda-python (the `nvidia` extra): setup-venv
+    installs it everywhere (it needs the driver only at run time)."""
+    out = subprocess.run([str(SCRIPTS / "setup-venv")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    r = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c",
+                        "import cuda.bindings.driver as d; print(hasattr(d, 'cuCheckpointProcessCheckpoint'))"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "True", r.stderr
 
 
 def test_testcluster_down_where_the_ip_command_is_missing(tmp_path, monkeypatch):
