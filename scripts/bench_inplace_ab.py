@@ -144,7 +144,7 @@ def one_cycle(v: Variant, pid: int, run_dir: Path) -> dict:
     return c
 
 
-def run_process(v: Variant, tag: str, cycles: int, cache_gib: float) -> dict:
+def run_process(v: Variant, tag: str, cycles: int, cache_gib: float, args_wait: float = 120) -> dict:
     run_dir = Path(f"/tmp/gpucr-inplace-ab/{tag}")
     run_dir.mkdir(parents=True, exist_ok=True)
     out = run_dir / "decode.out"
@@ -164,9 +164,12 @@ def run_process(v: Variant, tag: str, cycles: int, cache_gib: float) -> dict:
         ready = out.read_text().split("\n", 1)[0].split()
         rec["gpu_bytes"], rec["weights_at_start"] = int(ready[1]), ready[2]
         st = shim_call(run_dir, p.pid, "status")
-        t1 = time.monotonic()  # the install's defaults: where they make the arena ahead, wait for it
-        while st.get("arena_prealloc") and st.get("arena_prealloc") != "off" and not st.get("arena_ready") \
-                and time.monotonic() - t1 < 120:
+        # the install's defaults: where they make the arena ahead (auto), wait until it holds the
+        # footprint (arena_ready only says that it follows it: a checkpoint in the ~10 s an arena
+        # of this size takes to grow waits for the growth, as the first run of 2026-11-28 did)
+        t1 = time.monotonic()
+        while st.get("arena_prealloc") not in (None, "off") and time.monotonic() - t1 < args_wait \
+                and not (st.get("arena_ready") and st.get("arena_bytes", 0) >= st.get("gpu_bytes", 1)):
             time.sleep(0.25)
             st = shim_call(run_dir, p.pid, "status")
         rec["arena_wait_s"] = time.monotonic() - t1
@@ -266,6 +269,8 @@ def main() -> int:
     ap.add_argument("--cache-gib", type=float, default=30.0)
     ap.add_argument("--deadline", type=float, default=460, help="seconds: no process starts that may end after")
     ap.add_argument("--raw-gib", type=float, default=8.0)
+    ap.add_argument("--no-arena-wait", action="store_true",
+                    help="checkpoint as soon as the program is ready, also while an auto arena still grows")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     t_start = time.monotonic()
@@ -274,6 +279,7 @@ def main() -> int:
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "what": "47 GB LLM check in place: 8B model bf16 + serving cache, one process at a time, commits alternating",
            "cache_gib": args.cache_gib, "cycles_per_process": args.cycles, "machine": machine(),
+           "arena_wait": not args.no_arena_wait,
            "variants": {v.name: v.commit for v in variants}, "raw_pinned_before": raw_bandwidth(args.raw_gib),
            "records": []}
     print(json.dumps(res["machine"], indent=1), "\nraw pinned before:", res["raw_pinned_before"], flush=True)
@@ -287,7 +293,8 @@ def main() -> int:
                     raise StopIteration
                 print(f"round {r} {v.name} ({v.commit[:7]})", flush=True)
                 try:
-                    rec = run_process(v, f"{v.name}-{r}", args.cycles, args.cache_gib)
+                    rec = run_process(v, f"{v.name}-{r}", args.cycles, args.cache_gib,
+                                      0 if args.no_arena_wait else 120)
                 except (RuntimeError, subprocess.TimeoutExpired, OSError, ValueError) as e:
                     rec = {"variant": v.name, "tag": f"{v.name}-{r}", "error": str(e)[-2000:]}
                     print("  error:", rec["error"], flush=True)
