@@ -69,9 +69,11 @@ h.fill_(1); d.fill_(2); torch.cuda.synchronize()
 def best(f):
     t = []
     for _ in range(3):
-        torch.cuda.synchronize(); t0 = time.perf_counter(); f(); torch.cuda.synchronize(); t.append(time.perf_counter() - t0)
+        torch.cuda.synchronize(); t0 = time.perf_counter(); f(); torch.cuda.synchronize()
+        t.append(time.perf_counter() - t0)
     return n / min(t) / 1e9
-print(json.dumps({{"d2h_GBps": best(lambda: h.copy_(d, non_blocking=True)), "h2d_GBps": best(lambda: d.copy_(h, non_blocking=True)), "gib": {gib}}}))
+print(json.dumps({{"d2h_GBps": best(lambda: h.copy_(d, non_blocking=True)),
+                  "h2d_GBps": best(lambda: d.copy_(h, non_blocking=True)), "gib": {gib}}}))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-500:]}
@@ -231,29 +233,22 @@ def summarize(records: list[dict], names: list[str]) -> dict:
 
 
 def table(summary: dict, names: list[str]) -> str:
-    rows = [("cycles", lambda s: f"{s['cycles']}"),
-            ("out total s", lambda s: f"{s['out_total_s']:.3f}"), ("out CLI wall s", lambda s: f"{s['out_wall_s']:.3f}"),
-            ("  quiesce s", lambda s: f"{s['out_quiesce_s']:.3f}"), ("  data s", lambda s: f"{s['out_data_s']:.3f}"),
-            ("    prepare s", lambda s: f"{s['out_prepare_s']:.3f}"), ("    copy s", lambda s: f"{s['out_copy_s']:.3f}"),
-            ("    release s", lambda s: f"{s['out_release_s']:.3f}"),
-            ("    arena setup s", lambda s: f"{s['out_arena_setup_s']:.3f}"), ("  control s", lambda s: f"{s['out_control_s']:.3f}"),
-            ("  copy GB/s", lambda s: f"{s['out_GBps_copy']:.1f}"),
-            ("back total s", lambda s: f"{s['back_total_s']:.3f}"), ("back CLI wall s", lambda s: f"{s['back_wall_s']:.3f}"),
-            ("  control s", lambda s: f"{s['back_control_s']:.3f}"), ("  data s", lambda s: f"{s['back_data_s']:.3f}"),
-            ("    create s", lambda s: f"{s['back_create_s']:.3f}"), ("    copy s", lambda s: f"{s['back_copy_s']:.3f}"),
-            ("  copy GB/s", lambda s: f"{s['back_GBps_copy']:.1f}"),
-            ("control out+back s", lambda s: f"{s['control_s']:.3f}")]
+    rows = [("cycles", "cycles", "{}")] + [(t, k, "{:.1f}" if "GBps" in k else "{:.3f}") for t, k in (
+        ("out total s", "out_total_s"), ("out CLI wall s", "out_wall_s"), ("  quiesce s", "out_quiesce_s"),
+        ("  data s", "out_data_s"), ("    prepare s", "out_prepare_s"), ("    copy s", "out_copy_s"),
+        ("    release s", "out_release_s"), ("    arena setup s", "out_arena_setup_s"),
+        ("  control s", "out_control_s"), ("  copy GB/s", "out_GBps_copy"),
+        ("back total s", "back_total_s"), ("back CLI wall s", "back_wall_s"), ("  control s", "back_control_s"),
+        ("  data s", "back_data_s"), ("    create s", "back_create_s"), ("    copy s", "back_copy_s"),
+        ("  copy GB/s", "back_GBps_copy"), ("control out+back s", "control_s"))]
     lines = []
     for label in ("first", "later"):
         lines.append(f"\n{label} cycles (medians)".ljust(22) + "".join(f"{n:>14}" for n in names))
-        for title, f in rows:
+        for title, key, fmt in rows:
             cells = []
             for n in names:
-                s = summary.get(n, {}).get(label)
-                try:
-                    cells.append(f(s) if s else "-")
-                except (TypeError, KeyError):
-                    cells.append("-")
+                s = summary.get(n, {}).get(label) or {}
+                cells.append(fmt.format(s[key]) if s.get(key) is not None else "-")
             lines.append(f"{title:<22}" + "".join(f"{c:>14}" for c in cells))
     lines.append(f"{'arena wait (auto) s':<22}" + "".join(
         f"{(summary[n]['arena_wait_s'] or 0):>14.2f}" if n in summary else f"{'-':>14}" for n in names))
@@ -277,7 +272,8 @@ def main() -> int:
     names = args.names or (args.trees / "NAMES").read_text().split()
     variants = [Variant(n, args.trees / n) for n in names]
     res = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "what": "47 GB LLM check in place: 8B model bf16 + serving cache, one process at a time, commits alternating",
+           "what": "47 GB LLM check in place: 8B model bf16 + serving cache, one process at a time, "
+                   "commits alternating",
            "cache_gib": args.cache_gib, "cycles_per_process": args.cycles, "machine": machine(),
            "arena_wait": not args.no_arena_wait,
            "variants": {v.name: v.commit for v in variants}, "raw_pinned_before": raw_bandwidth(args.raw_gib),
