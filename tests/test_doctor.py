@@ -38,13 +38,117 @@ def test_every_check_is_one_line_and_a_failure_exits_1_with_the_fix(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and "check(s) failed" in r.stderr
 
 
-def test_json_is_one_object_per_node(tmp_path):
+def test_json_is_one_document_also_when_checks_fail(tmp_path):
+    """A failed check used to give one object per node and then main's error document:
+    two documents, which json.loads refuses."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=t\nSlurmctldHost=localhost\n")
+    r = doctor("--json", SLURM_CONF=str(conf), GPUCR_CRIU="/bin/true")
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "gpucr-hpc.doctor/1" and len(doc["nodes"]) == 1
+    rep = doc["nodes"][0]
+    assert rep["node"] and {c["name"] for c in rep["checks"]} >= {"criu", "plugin", "nft", "pycriu"}
+    assert all(set(c) == {"name", "ok", "detail", "fix"} for c in rep["checks"])
+    assert len(r.stderr.strip().splitlines()) == 1 and "check(s) failed" in r.stderr
+
+
+def test_checks_not_run_are_listed_as_skipped_with_the_reason(tmp_path):
+    """Without our plugstack line, what that line names cannot be checked: each such check
+    is there, skipped, saying why (they used to vanish)."""
     conf = tmp_path / "slurm.conf"
     conf.write_text("ClusterName=t\nSlurmctldHost=localhost\n")
     r = doctor("--json", SLURM_CONF=str(conf))
-    rep = json.loads(r.stdout.splitlines()[0])
-    assert rep["node"] and {c["name"] for c in rep["checks"]} >= {"criu", "plugin", "nft", "pycriu"}
-    assert all(set(c) == {"name", "ok", "detail", "fix"} for c in rep["checks"])
+    got = {c["name"]: c for c in json.loads(r.stdout)["nodes"][0]["checks"]}
+    for name in ("shim", "cli", "image root", "arena", "staging tier", "gpu feature"):
+        assert got[name]["ok"] is None and "plugstack" in got[name]["detail"], got.get(name)
+    for name in ("preempt mode", "grace time", "srun --mpi=pmix", "mpi4py", "gpu"):
+        assert name in got, sorted(got)
+    lines = doctor(SLURM_CONF=str(conf)).stdout.splitlines()
+    assert any(": skip shim: not checked" in ln for ln in lines), lines
+
+
+# /proc/driver/nvidia/version as the proprietary and the open kernel modules write it.
+PROPRIETARY = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  Tue Oct 28 20:21:10 UTC 2025\n"
+               "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n")
+OPEN = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.127.05  Release Build  "
+        "(dvs-builder@U16-I3-D12-3-1)  Wed Oct  9 20:05:18 UTC 2024\nGCC version:  gcc version 12.2.0\n")
+
+
+def in_python(python: str, code: str) -> dict:
+    """Run code with `checks` imported, in that Python (the repo on its path): its last line
+    printed is a Check as JSON."""
+    prog = f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent.parent)!r})\n" \
+           f"from gpucr_hpc.doctor import checks\nc = {code}\nprint(json.dumps(c.as_dict()))"
+    r = subprocess.run([python, "-I", "-c", prog], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def test_a_gpu_node_without_cuda_python_or_with_an_old_driver_fails_with_the_fix():
+    assert checks.driver_of(PROPRIETARY) == "580.159.04" and checks.driver_of(OPEN) == "550.127.05"
+    assert checks.driver_of("no module here") is None
+    # A Python without cuda-python (the system's): the GPU node fails, naming the extra.
+    no_cuda = shutil.which("python3", path="/usr/bin")
+    if subprocess.run([no_cuda, "-I", "-c", "import cuda.bindings"], capture_output=True).returncode == 0:
+        pytest.skip("the system Python has cuda-python")
+    c = in_python(no_cuda, f"checks.gpu_node(checks.driver_of({PROPRIETARY!r}), checks.cuda_bindings())")
+    assert c["ok"] is False and "cuda-python" in c["detail"] and "gpucr-hpc[nvidia]" in c["fix"], c
+    # The venv (scripts/setup-venv installs the nvidia extra): the same driver passes.
+    c = in_python(sys.executable, f"checks.gpu_node(checks.driver_of({PROPRIETARY!r}), checks.cuda_bindings())")
+    assert c["ok"] is True and "580.159.04" in c["detail"] and "cuda-python" in c["detail"], c
+    # A driver older than 580 fails whatever cuda-python there is.
+    old = in_python(sys.executable, f"checks.gpu_node(checks.driver_of({OPEN!r}), checks.cuda_bindings())")
+    assert old["ok"] is False and "550.127.05" in old["detail"] and "580" in old["fix"], old
+    unread = checks.gpu_node(None, ("13.4.4", ""))
+    assert unread.ok is False and "driver" in unread.fix
+
+
+def test_multi_node_needs_mpi4py_where_it_runs():
+    no_mpi = shutil.which("python3", path="/usr/bin")
+    if subprocess.run([no_mpi, "-I", "-c", "import mpi4py"], capture_output=True).returncode == 0:
+        pytest.skip("the system Python has mpi4py")
+    # checks.mpi4py_loads imports mpi4py in the Python that runs the doctor.
+    c = in_python(no_mpi, "checks.mpi4py_loads()")
+    assert c["ok"] is False and "mpi4py" in c["detail"] and "gpucr-hpc[mpi]" in c["fix"], c
+    assert in_python(sys.executable, "checks.mpi4py_loads()")["ok"] is True
+
+
+def test_srun_mpi_list_is_read_in_both_slurm_layouts():
+    v22 = "MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\nspecific pmix plugin versions " \
+          "available: pmix_v4\n"
+    assert checks.pmix_types(v22) == ["pmix", "none", "cray_shasta", "pmi2"]
+    assert checks.pmix_types("MPI plugin types are...: cray_shasta,none,pmi2\n") == ["cray_shasta", "none", "pmi2"]
+
+
+PREEMPTING = {"PreemptType": "preempt/partition_prio", "PreemptMode": "REQUEUE",
+              "SlurmctldParameters": "preempt_send_user_signal"}
+
+
+def test_preemption_settings_of_the_admin_guide():
+    parts = {"debug": {"PartitionName": "debug", "GraceTime": "120", "PreemptMode": "REQUEUE"},
+             "urgent": {"PartitionName": "urgent", "GraceTime": "0", "PreemptMode": "OFF"}}
+    need = checks.checkpoint_estimate_s(80 * 2**30, 64 * 2**30)
+    assert need == 10 + 78  # 144 GiB at 2 GB/s, and the fixed part
+    mode, grace = checks.preempt_settings(PREEMPTING, parts, need, "est")
+    assert mode.ok is True and grace.ok is True  # the admin guide's 120 s, an 80 GB GPU, 64 GiB
+    big = checks.checkpoint_estimate_s(8 * 141 * 2**30, 2048 * 2**30)  # 8 H200s, 2 TiB host memory
+    assert checks.preempt_settings(PREEMPTING, parts, big, "est")[1].ok is False
+    mode, grace = checks.preempt_settings(PREEMPTING, parts, 60, "est")
+    assert grace.ok is True and "debug GraceTime=120" in grace.detail and "urgent" not in grace.detail
+    mode, grace = checks.preempt_settings(PREEMPTING, parts, 200, "est")
+    assert grace.ok is False and "debug GraceTime=120" in grace.detail and "GraceTime=400" in grace.fix
+    off = checks.preempt_settings({**PREEMPTING, "PreemptMode": "OFF"}, parts, 60, "est")[0]
+    assert off.ok is False and "PreemptMode=REQUEUE" in off.fix
+    none = checks.preempt_settings({**PREEMPTING, "PreemptType": "preempt/none"}, parts, 60, "est")[0]
+    assert none.ok is False
+    quiet = checks.preempt_settings({**PREEMPTING, "SlurmctldParameters": ""}, parts, 60, "est")[0]
+    assert quiet.ok is False and "preempt_send_user_signal" in quiet.fix
+    newer = checks.preempt_settings({**PREEMPTING, "SlurmctldParameters": "",
+                                     "PreemptParameters": "send_user_signal"}, parts, 60, "est")[0]
+    assert newer.ok is True
+    only_off = checks.preempt_settings(PREEMPTING, {"urgent": parts["urgent"]}, 60, "est")[1]
+    assert only_off.ok is None
 
 
 @pytest.fixture

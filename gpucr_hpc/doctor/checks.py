@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -266,22 +268,74 @@ def stage(site) -> Check:
                  f"{used / 2**30:.1f} GiB staged now{note}")
 
 
-def gpu() -> Check:
-    if not shutil.which("nvidia-smi"):
-        return Check("gpu", None, "no nvidia-smi: a CPU node")
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=60)
-    if out.returncode != 0 or not out.stdout.strip():
-        return Check("gpu", False, f"nvidia-smi failed: {out.stderr.strip()[:200]}", "check the NVIDIA driver")
-    names = sorted({ln.split(",")[0].strip() for ln in out.stdout.strip().splitlines()})
-    driver = out.stdout.split(",")[1].strip()
+# The driver a GPU node needs: cuda-python 13 (the `nvidia` extra) speaks the CUDA 13
+# driver API, which starts with driver 580; the checkpoint of a process onto other GPUs
+# of the same model (a restore on another node) needs 580 too.
+MIN_DRIVER = (580,)
+NVIDIA_VERSION_FILE = Path("/proc/driver/nvidia/version")
+NVIDIA_FIX = "pip install 'gpucr-hpc[nvidia]' into the Python that runs gpucr-hpc (scripts/setup-venv does)"
+
+
+def driver_of(version_text: str) -> str | None:
+    """The driver version in /proc/driver/nvidia/version's text ("NVRM version: NVIDIA UNIX
+    x86_64 Kernel Module  580.159.04  ...", or "... Open Kernel Module for x86_64  580.82.07 ..."),
+    else None."""
+    m = re.search(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)", version_text)
+    return m.group(1) if m else None
+
+
+def cuda_bindings() -> tuple[str | None, str]:
+    """(cuda-python's version, "") where the driver checkpoint API imports, else (None, why)."""
     try:
         import cuda.bindings as cb
+        from cuda.bindings import driver
 
-        bindings = f", cuda-python {cb.__version__}"
-    except ImportError:
-        bindings = ", no cuda-python (the driver-only path needs it: pip install gpucr-hpc[nvidia])"
-    return Check("gpu", True, f"{', '.join(names)}, driver {driver}{bindings}")
+        if not hasattr(driver, "cuCheckpointProcessCheckpoint"):
+            return None, f"cuda-python {cb.__version__} has no driver checkpoint API"
+        return str(cb.__version__), ""
+    except ImportError as e:
+        return None, f"cuda-python does not import ({e})"
+
+
+def gpu_node(driver: str | None, bindings: tuple[str | None, str], models: str = "") -> Check:
+    """What a GPU node needs of its driver and of cuda-python, from what it has."""
+    on = f"{models}, " if models else ""
+    if driver is None:
+        return Check("gpu", False, f"{on}the NVIDIA driver's version cannot be read",
+                     f"check the NVIDIA driver ({NVIDIA_VERSION_FILE}, nvidia-smi)")
+    have = tuple(int(x) for x in driver.split(".") if x.isdigit())
+    need = ".".join(map(str, MIN_DRIVER))
+    if have[:len(MIN_DRIVER)] < MIN_DRIVER:
+        return Check("gpu", False, f"{on}driver {driver} is older than {need}, which gpucr-hpc needs "
+                     "(cuda-python 13's driver API, the driver checkpoint API)",
+                     f"upgrade the NVIDIA driver to {need} or newer")
+    version, why = bindings
+    if version is None:
+        return Check("gpu", False, f"{on}driver {driver}, but {why}: the first GPU checkpoint would fail",
+                     NVIDIA_FIX)
+    return Check("gpu", True, f"{on}driver {driver}, cuda-python {version}")
+
+
+def gpu() -> Check:
+    """A GPU node (the NVIDIA driver is loaded, or nvidia-smi is there): its driver and cuda-python."""
+    try:
+        text = NVIDIA_VERSION_FILE.read_text()
+    except OSError:
+        text = None
+    smi = shutil.which("nvidia-smi")
+    if text is None and not smi:
+        return Check("gpu", None, "no NVIDIA driver here (no /proc/driver/nvidia, no nvidia-smi): a CPU node")
+    driver, models = driver_of(text or ""), ""
+    if smi:
+        out = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=60)
+        rows = [ln.split(",") for ln in out.stdout.strip().splitlines() if "," in ln]
+        if out.returncode != 0 or not rows:
+            return Check("gpu", False, f"nvidia-smi failed: {(out.stderr.strip() or out.stdout.strip())[:200]}",
+                         "check the NVIDIA driver (nvidia-smi must list the GPUs)")
+        models = ", ".join(sorted({r[0].strip() for r in rows}))
+        driver = driver or rows[0][1].strip()
+    return gpu_node(driver, cuda_bindings(), models)
 
 
 def gpu_features(models: list[str], node: str, node_feats: set[str], site_feats: list[str]) -> Check:
@@ -315,13 +369,176 @@ def gpu_feature(site) -> Check:
     return gpu_features(models, node_name(), feats, site_feats)
 
 
+def mpi4py_loads() -> Check:
+    """A multi-node job's node agents talk through mpi4py (job/agent.py), over the MPI
+    library it was built with: both must load here (without starting MPI)."""
+    prog = ("import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+            "print(mpi4py.__version__, MPI.Get_library_version().split(',')[0].strip(' \\0\\n'))")
+    try:
+        out = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return Check("mpi4py", False, "importing mpi4py's MPI did not end in 60 s",
+                     "check the MPI library mpi4py loads (Open MPI: scripts/install-deps)")
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        return Check("mpi4py", False, f"multi-node jobs cannot be checkpointed: mpi4py does not load ({last})",
+                     "pip install 'gpucr-hpc[mpi]' into the Python that runs gpucr-hpc (scripts/setup-venv "
+                     "does), with Open MPI installed (scripts/install-deps)")
+    return Check("mpi4py", True, f"mpi4py {out.stdout.strip()}: multi-node jobs' agents can talk")
+
+
+def pmix_types(mpi_list: str) -> list[str]:
+    """The MPI plugin types of `srun --mpi=list`'s output (22.05: one per line, indented,
+    after "MPI plugin types are..."; 23.02+: "MPI plugin types are...: a,b")."""
+    types: list[str] = []
+    for line in mpi_list.splitlines():
+        line = line.strip()
+        if line.startswith("MPI plugin types are"):
+            types += [t.strip() for t in line.partition(":")[2].split(",") if t.strip()]
+        elif line and not line.startswith("specific") and ":" not in line and " " not in line:
+            types.append(line)
+    return types
+
+
+def srun_pmix() -> Check:
+    """A multi-node job's agents start as one step with srun --mpi=pmix (job/coordinator.py)."""
+    srun = shutil.which("srun")
+    if not srun:
+        return Check("srun --mpi=pmix", None, "no srun here (Slurm's client commands are not on PATH)")
+    out = subprocess.run([srun, "--mpi=list"], capture_output=True, text=True, timeout=60)
+    said = out.stdout + "\n" + out.stderr
+    if out.returncode != 0 and "MPI plugin types" not in said:
+        last = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]
+        return Check("srun --mpi=pmix", None, f"not checked: srun --mpi=list failed here ({last})")
+    types = pmix_types(said)
+    if "pmix" not in types:
+        return Check("srun --mpi=pmix", False, f"Slurm has no PMIx plugin here (srun --mpi=list: "
+                     f"{', '.join(types) or 'nothing'}): multi-node jobs cannot be checkpointed",
+                     "install Slurm's mpi_pmix plugin with libpmix (Debian: slurm-wlm-basic-plugins, "
+                     "libpmix2), built for the Slurm the site runs")
+    return Check("srun --mpi=pmix", True, f"MPI plugin types: {', '.join(types)}")
+
+
+# How long a checkpoint of a whole node takes at most, for its partitions' GraceTime: the
+# GPU memory and the node's memory (a job may use all of it), written at CHECKPOINT_RATE,
+# plus CHECKPOINT_FIXED_S (freeze, the driver's lock, CRIU's start). 2 GB/s is below what
+# the H100 runs measured (GPU data 4.6-55 GB/s, results.md) and what CRIU writes to node
+# memory: a conservative bound, for a partition whose jobs fill the node.
+CHECKPOINT_RATE = 2e9  # bytes per second
+CHECKPOINT_FIXED_S = 10
+
+
+def checkpoint_estimate_s(gpu_bytes: int, host_bytes: int) -> int:
+    return int(CHECKPOINT_FIXED_S + (gpu_bytes + host_bytes) / CHECKPOINT_RATE + 0.999)
+
+
+def preempt_settings(config: dict[str, str], partitions: dict[str, dict[str, str]], need_s: int,
+                     estimate: str) -> list[Check]:
+    """The preemption settings of the admin guide, from `scontrol show config` (config) and
+    `scontrol show partition -o` of this node's partitions: PreemptMode=REQUEUE and the
+    user signal (a preempted job checkpoints and requeues itself), and a GraceTime on each
+    preempting partition above the checkpoint time the node can reach (need_s)."""
+    mode = config.get("PreemptMode", "OFF").upper()
+    params = config.get("SlurmctldParameters", "") + "," + config.get("PreemptParameters", "")
+    out = []
+    if config.get("PreemptType", "preempt/none") == "preempt/none" or "REQUEUE" not in mode:
+        out.append(Check("preempt mode", False, f"PreemptType={config.get('PreemptType', '?')} "
+                         f"PreemptMode={mode}: a preempted --gpucr=on job is not requeued with its checkpoint",
+                         "set PreemptMode=REQUEUE (and a PreemptType) in slurm.conf (admin guide: Preemption)"))
+    elif "send_user_signal" not in params:
+        out.append(Check("preempt mode", False, "PreemptMode=REQUEUE, but Slurm sends a preempted job no "
+                         "signal first: it is requeued without a checkpoint",
+                         "set SlurmctldParameters=preempt_send_user_signal (22.05; 23.02+: "
+                         "PreemptParameters=send_user_signal) in slurm.conf"))
+    else:
+        out.append(Check("preempt mode", True, f"PreemptMode={mode}, the user signal is sent"))
+    short: list[str] = []
+    ok: list[str] = []
+    for name, p in sorted(partitions.items()):
+        pmode = p.get("PreemptMode", mode).upper()
+        if pmode == "OFF":
+            continue  # its jobs are not preempted
+        grace = int(p.get("GraceTime", "0") or 0)
+        (ok if grace > need_s else short).append(f"{name} GraceTime={grace}")
+    if short:
+        out.append(Check("grace time", False, f"{', '.join(short)} s is not above this node's checkpoint time "
+                         f"({need_s} s: {estimate}): a preempted job is killed before its checkpoint ends",
+                         f"set GraceTime={need_s * 2} (or more) on those partitions in slurm.conf"))
+    elif ok:
+        out.append(Check("grace time", True, f"{', '.join(ok)} s, above {need_s} s ({estimate})"))
+    else:
+        out.append(Check("grace time", None, "no partition of this node preempts its jobs"))
+    return out
+
+
+def _gpu_memory_bytes() -> int:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return 0
+    out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=60)
+    return sum(int(x) for x in out.stdout.split() if x.isdigit()) * 2**20
+
+
+def _host_memory_bytes(real_memory_mb: int) -> int:
+    """Slurm's RealMemory of the node where it is set, else the machine's MemTotal."""
+    if real_memory_mb > 1:
+        return real_memory_mb * 2**20
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def preemption() -> list[Check]:
+    from gpucr_hpc.slurm import commands as slurm
+    from gpucr_hpc.slurm.site import node_name
+
+    names = ("preempt mode", "grace time")
+    node = node_name()
+    try:
+        conf = slurm.run("scontrol", "show", "config", timeout=30).stdout
+        mine = slurm.run("sinfo", "-h", "-N", "-n", node, "-o", "%R %m", timeout=30).stdout.split("\n")
+        parts = slurm.run("scontrol", "show", "partition", "-o", timeout=30).stdout
+    except GpucrError as e:
+        return [Check(n, None, f"not checked: Slurm does not answer here ({e.cause})") for n in names]
+    config = {}
+    for line in conf.splitlines():
+        k, sep, v = line.partition("=")
+        if sep:
+            config[k.strip()] = v.strip()
+    rows = [ln.split() for ln in mine if len(ln.split()) == 2]
+    if not rows:
+        return [Check(n, None, f"not checked: {node} is in no partition (not a Slurm node)") for n in names]
+    wanted = {r[0].rstrip("*") for r in rows}
+    partitions = {}
+    for line in parts.splitlines():
+        p = slurm.parse_one_line(line)
+        if p.get("PartitionName") in wanted:
+            partitions[p["PartitionName"]] = p
+    gpu_b = _gpu_memory_bytes()
+    host_b = _host_memory_bytes(max(int(r[1].rstrip("+")) if r[1].rstrip("+").isdigit() else 0 for r in rows))
+    need = checkpoint_estimate_s(gpu_b, host_b)
+    estimate = (f"{gpu_b / 2**30:.0f} GiB GPU + {host_b / 2**30:.0f} GiB host memory at "
+                f"{CHECKPOINT_RATE / 1e9:g} GB/s + {CHECKPOINT_FIXED_S} s")
+    return preempt_settings(config, partitions, need, estimate)
+
+
+# The checks of what the plugstack line names: without that line, each is listed as skipped.
+SITE_CHECKS = ("shim", "cli", "image root", "arena", "staging tier", "gpu feature")
+
+
 def run_all() -> list[Check]:
     plug, site = plugin()
     checks: list[Callable[[], Check | list[Check]]] = [
-        criu_version, criu_dumps_here, pycriu, nft, lambda: plug, root_helper, node_key, gpu]
+        criu_version, criu_dumps_here, pycriu, nft, lambda: plug, root_helper, node_key, gpu,
+        mpi4py_loads, srun_pmix, preemption]
     if site is not None:  # what the plugstack line names
         checks += [lambda: installed_files(site), lambda: image_root(site), lambda: arena(site),
                    lambda: stage(site), lambda: gpu_feature(site)]
+    else:
+        checks += [lambda: [Check(n, None, "not checked: no plugstack line of gpucr-hpc to read it from "
+                                  "(see the plugin check)") for n in SITE_CHECKS]]
     out: list[Check] = []
     for c in checks:
         try:

@@ -14,10 +14,10 @@ TIMEOUT_S = 600
 
 
 def reports_of(labelled: str) -> list[dict]:
-    """The tasks' JSON reports from `srun --label` output. srun sends a task's output
+    """The tasks' JSON documents from `srun --label` output. srun sends a task's output
     in pieces of at most 1024 bytes and labels (and ends) each piece as a line of its
-    own, interleaved with other tasks' pieces: a task's pieces are joined until they
-    make a JSON object."""
+    own, interleaved with other tasks' pieces: a task's pieces (and the lines of an
+    indented document) are joined until they make a JSON object."""
     pending: dict[str, str] = {}
     reports = []
     for line in labelled.splitlines():
@@ -47,7 +47,8 @@ def run_on_partition(partition: str) -> list[dict]:
     except subprocess.TimeoutExpired as e:
         raise GpucrError(f"the doctor's step on partition {partition} did not end in {TIMEOUT_S} s",
                          "is the partition busy? try when nodes are free") from e
-    reports = reports_of(r.stdout)
+    # Each node's `doctor --json` document holds its one report.
+    reports = [rep for doc in reports_of(r.stdout) for rep in doc.get("nodes", [doc] if "checks" in doc else [])]
     if not reports:
         last = (r.stderr.strip().splitlines() or [f"srun exit {r.returncode}"])[-1]
         raise GpucrError(f"no node of partition {partition} answered: {last}",
