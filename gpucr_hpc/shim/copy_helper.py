@@ -49,6 +49,7 @@ from typing import cast
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.gpu import driver_nvidia
 from gpucr_hpc.gpu.driver_nvidia import load_bindings
 from gpucr_hpc.shim.client import pid_alive
 from gpucr_hpc.shim.protocol import (
@@ -95,7 +96,7 @@ class Gpu:
 
     def __init__(self):
         self.cu = load_bindings()
-        self._ok(self.cu.cuInit(0), "cuInit")
+        driver_nvidia.init(self.cu)
         self.ctx: dict[str, object] = {}
         self.dev: dict[str, int] = {}
         self.streams: dict[str, list] = {}
