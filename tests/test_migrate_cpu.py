@@ -68,6 +68,7 @@ def test_checkpoint_kill_restore_continues(criu, tmp_path, reaper, pidns):
     rep = cli_json("checkpoint", "--pid", str(proc.pid), "--to", str(img))
     proc.wait(timeout=10)  # reap our child so its PID is free again
     assert rep["pids"] == tree and not rep["leave_running"]
+    assert rep["schema"] == "gpucr-hpc.process-checkpoint/1"
     assert all(not alive(p) for p in tree), "the tree must be gone after checkpoint --to"
     for k in ("dump_s", "released_s", "persist_s", "commit_s", "total_s"):
         assert k in rep["timings"]
@@ -78,6 +79,7 @@ def test_checkpoint_kill_restore_continues(criu, tmp_path, reaper, pidns):
 
     rep = cli_json("restore", "--from", str(img), "--pidns", pidns)
     roots.append(rep["pid"])
+    assert rep["schema"] == "gpucr-hpc.process-restore/1"
     assert rep["pidns"] == pidns
     assert rep["ns_pid"] == tree[0]
     if pidns == "host":

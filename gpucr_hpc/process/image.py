@@ -38,7 +38,6 @@ restore_from(DIR):
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -455,7 +454,9 @@ def _restore_gpu_or_end(m: dict, image: Path, restored, new_ns: bool, plan=None,
 def _print_report(kind: str, rep: dict, as_json: bool) -> None:
     rep = {k: v for k, v in rep.items() if not k.startswith("_")}
     if as_json:
-        click.echo(json.dumps(rep, indent=2, sort_keys=True))
+        from gpucr_hpc.cli import output  # the one way a command prints its --json document
+
+        output.print_json(f"process-{kind}", rep)
         return
     t = rep["timings"]
     phases = units.timings_line(t)
