@@ -42,3 +42,90 @@ def test_every_module_imports():
     out = subprocess.run([sys.executable, "-c", "import importlib, sys\nfor n in sys.argv[1:]: importlib.import_module(n)", *names],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+# The floors of the package, top to bottom: a module imports only from its own floor
+# or below. Modules at the top of gpucr_hpc (errors, config, units, ...) are the ground.
+FLOORS = [{"__main__"}, {"cli"}, {"doctor"}, {"job"}, {"process"}, {"store"}, {"shim", "privileged"},
+          {"criu", "gpu"}, {"slurm"}, {""}]
+# What breaks the rules today, to be removed; nothing may be added.
+KNOWN_UPWARD: set[tuple[str, str]] = set()
+KNOWN_LOOPS = [{"gpucr_hpc.criu.netlock", "gpucr_hpc.criu.root_helper", "gpucr_hpc.criu.run"}]
+
+
+def _imports() -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports, at any depth of its code."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "gpucr_hpc"
+    mods = {}
+    for p in root.rglob("*.py"):
+        parts = list(p.relative_to(root.parent).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom):
+                base = pkg.split(".")[:len(pkg.split(".")) - (n.level - 1)] if n.level else []
+                target = ".".join(base + ([n.module] if n.module else []))
+                names = [target] + [f"{target}.{a.name}" for a in n.names]
+            elif isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            else:
+                continue
+            edges[m] |= {x for x in names if x in mods and x != m and not m.startswith(x + ".")}
+    return edges
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    sub = parts[1] if len(parts) > 2 or parts[-1] == "__main__" else ""
+    return next(i for i, floor in enumerate(FLOORS) if sub in floor)
+
+
+def test_imports_go_down_the_floors():
+    upward = {(a, b) for a, bs in _imports().items() for b in bs if _floor(b) < _floor(a)}
+    assert upward == KNOWN_UPWARD, f"new: {sorted(upward - KNOWN_UPWARD)}; gone: {sorted(KNOWN_UPWARD - upward)}"
+
+
+def test_no_import_loops():
+    edges = _imports()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops = []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                comp.add(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                loops.append(comp)
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    assert sorted(map(sorted, loops)) == sorted(map(sorted, KNOWN_LOOPS)), loops
+
+
+def test_click_only_in_cli():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "gpucr_hpc"
+    outside = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if "cli" not in p.relative_to(root).parts and "import click" in p.read_text()]
+    assert outside == []

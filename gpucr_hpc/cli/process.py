@@ -10,9 +10,8 @@ from pathlib import Path
 import click
 
 from gpucr_hpc import config, units
-from gpucr_hpc.cli import job_id, output
+from gpucr_hpc.cli import job_id, output, process_image
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.process import image as process_image
 from gpucr_hpc.process.in_place import DEFAULT_TIMEOUT_MS, checkpoint_tree, restore_tree, status_all
 from gpucr_hpc.shim.client import default_run_dir, shim_library
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
 import shutil
 import stat
 from collections.abc import Iterator
@@ -24,8 +23,8 @@ from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.privileged.user_dirs import Caller, acting_as
+from gpucr_hpc.slurm.job_ids import check_job_id
 
-_JOB_ID = re.compile(r"[0-9]+", re.ASCII)
 NOT_OURS_FIX = ("it was not made by gpucr-hpc and is not used (nothing was written there); "
                 "ask an admin to move it away")
 
@@ -58,13 +57,6 @@ def owner(job_dir: Path) -> int:
         return os.fstat(fd).st_uid
     finally:
         os.close(fd)
-
-
-def check_job_id(value: str) -> str:
-    """A Slurm job id (digits only; array and het forms are not supported), as Slurm spells it."""
-    if not isinstance(value, str) or not _JOB_ID.fullmatch(value):
-        raise GpucrError(f"'{value}' is not a job id", "give the numeric Slurm job id")
-    return str(int(value))
 
 
 def job_id_argument(ctx, param, value):

@@ -38,10 +38,10 @@ from pathlib import Path
 
 import numpy as np
 
-from gpucr_hpc.process.image_gpu import image_pid
 from gpucr_hpc.shim.protocol import Blob
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
+from gpucr_hpc.store.manifest import image_pid
 
 MADV_POPULATE_WRITE = 23  # Linux 5.14: faults the pages in, or says why not (no SIGBUS later)
 FAULT_SLICE = 1 << 30     # what one thread faults in at a time

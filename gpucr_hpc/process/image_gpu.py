@@ -59,6 +59,7 @@ from gpucr_hpc.shim.protocol import ARENA_ATTACH, ARENA_DETACH, ARENA_FILES, NO_
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
 from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.store.manifest import image_pid
 
 TIMEOUT_MS = in_place.DEFAULT_TIMEOUT_MS
 
@@ -352,11 +353,6 @@ def plan_restore(m: dict, force: list[str] | None = None, here: list | None = No
     p.node_then = list((m.get("gpu") or {}).get("uuids") or [])
     p.node_here = [g.uuid for g in here]
     return p
-
-
-def image_pid(rec: dict) -> int:
-    """A GPU process record's PID in the image's process tree (images before image_pid: its pid)."""
-    return int(rec.get("image_pid", rec["pid"]))
 
 
 def placement(m: dict, plan: gpu_remap.Plan | None, pid_map: dict[int, int]) -> list[dict]:

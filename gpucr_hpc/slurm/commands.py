@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.slurm.job_ids import check_job_id
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -219,8 +220,6 @@ def resolve_job_id(spec: str) -> str:
     gave it, which names its checkpoints. One line for any other form, for a
     task that has not started (it has no id of its own yet), and for one Slurm
     does not know."""
-    from gpucr_hpc.job.dirs import check_job_id
-
     spec = str(spec)
     array, het = ARRAY_TASK.fullmatch(spec), HET_COMPONENT.fullmatch(spec)
     if not (array or het):

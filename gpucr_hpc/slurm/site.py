@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job.dirs import check_job_id
+from gpucr_hpc.slurm.job_ids import check_job_id
 
 PLUGIN_NAME = "spank_gpucr.so"
 

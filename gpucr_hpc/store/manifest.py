@@ -27,6 +27,11 @@ COMMITTED = "COMMITTED"
 CHUNK = 8 << 20
 
 
+def image_pid(rec: dict) -> int:
+    """A GPU process record's PID in the image's process tree (images before image_pid: its pid)."""
+    return int(rec.get("image_pid", rec["pid"]))
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
