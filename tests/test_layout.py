@@ -14,7 +14,9 @@ ROOT_MAY_LOAD = {"gpucr_hpc", "gpucr_hpc.config", "gpucr_hpc.criu", "gpucr_hpc.c
                  # the helper's own parts (privileged/*) and the PID namespace's init it starts
                  "gpucr_hpc.privileged.checks", "gpucr_hpc.privileged.namespaces", "gpucr_hpc.privileged.root_env",
                  "gpucr_hpc.privileged.scratch", "gpucr_hpc.privileged.seal", "gpucr_hpc.privileged.user_dirs",
-                 "gpucr_hpc.criu.pidns_init", "gpucr_hpc.regular_file"}
+                 "gpucr_hpc.criu.pidns_init", "gpucr_hpc.regular_file",
+                 # criu/run's process-tree queries and the lock's connections
+                 "gpucr_hpc.criu.processes", "gpucr_hpc.criu.flows"}
 
 
 def loaded_by(module: str) -> set[str]:
@@ -50,7 +52,7 @@ FLOORS = [{"__main__"}, {"cli"}, {"doctor"}, {"job"}, {"process"}, {"store"}, {"
           {"criu", "gpu"}, {"slurm"}, {""}]
 # What breaks the rules today, to be removed; nothing may be added.
 KNOWN_UPWARD: set[tuple[str, str]] = set()
-KNOWN_LOOPS = [{"gpucr_hpc.criu.netlock", "gpucr_hpc.criu.root_helper", "gpucr_hpc.criu.run"}]
+KNOWN_LOOPS: list[set[str]] = []
 
 
 def _imports() -> dict[str, set[str]]:

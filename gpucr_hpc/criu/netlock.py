@@ -30,9 +30,11 @@ import re
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 
 from gpucr_hpc import config, tcp_end
+from gpucr_hpc.criu.flows import Flow as Flow
+from gpucr_hpc.criu.flows import Spec as Spec
+from gpucr_hpc.criu.processes import system_tool
 from gpucr_hpc.errors import GpucrError
 
 INSTALL_FIX = "run scripts/install-deps (as root): it installs nft with CRIU 4.2"
@@ -42,36 +44,16 @@ _TIMEOUT_S = 30
 EXPIRES_S = 900.0  # longer than any checkpoint or restore the lock covers
 
 
-@dataclass(frozen=True)
-class Flow:
-    """One TCP connection as this node's socket sees it: "addr:port" each,
-    `10.0.0.1:4242` or `[fd00::1]:4242`."""
-
-    local: str
-    remote: str
-
-
 def nft_command() -> list[str]:
     """The nft to run: the one installed with CRIU, else the system's."""
     wrapper = config.installed("bin", "gpucr-nft")
     if os.access(wrapper, os.X_OK):
         return [wrapper]
-    from gpucr_hpc.criu.run import system_tool
-
     try:
         return [system_tool("nft")]
     except GpucrError:
         raise GpucrError(f"nft (nftables) is not installed: neither {wrapper} nor a system nft exists",
                          INSTALL_FIX) from None
-
-
-@dataclass(frozen=True)
-class Spec:
-    """A lock to take: its name, its flows, and for how long at most."""
-
-    name: str
-    flows: list[Flow]
-    expires_s: float
 
 
 def lock(name: str, flows: list[Flow], expires_s: float = EXPIRES_S) -> None:

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from gpucr_hpc import config
-from gpucr_hpc.criu.netlock import Flow, Spec
-from gpucr_hpc.criu.run import Restored, criu_env, process_tree
+from gpucr_hpc.criu.flows import Flow, Spec
+from gpucr_hpc.criu.processes import Restored, criu_env, process_tree
 from gpucr_hpc.errors import GpucrError
 
 RESULT = "result.json"

@@ -20,6 +20,7 @@ import stat
 import sys
 from pathlib import Path
 
+from gpucr_hpc.criu import processes
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.privileged import namespaces
@@ -28,7 +29,7 @@ from gpucr_hpc.privileged.user_dirs import Caller
 
 def _ids(pid: int) -> tuple[list[int], list[int]]:
     """All four uids; all four gids and the supplementary groups."""
-    status = criu_mod._status(pid)
+    status = processes.proc_status(pid)
     return ([int(x) for x in status["Uid"].split()],
             [int(x) for x in status["Gid"].split() + status.get("Groups", "").split()])
 

@@ -55,7 +55,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpucr_hpc import procfs, tcp_end
-from gpucr_hpc.criu import netlock
+from gpucr_hpc.criu import netlock, processes
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.criu import tcp as criu_tcp
 from gpucr_hpc.errors import GpucrError
@@ -106,7 +106,7 @@ def as_owner(who: Caller) -> list[str] | None:
     else (some containers withhold it) as that user, with root's other capabilities
     (ambient), in CRIU's --unprivileged mode: reading another user's rlimits needs
     either that capability or the same real ids."""
-    eff = int(criu_mod._status(os.getpid())["CapEff"], 16)
+    eff = int(processes.proc_status(os.getpid())["CapEff"], 16)
     if eff >> CAP_SYS_RESOURCE & 1:
         return None
     setpriv = criu_mod.system_tool("setpriv")
@@ -332,7 +332,7 @@ def wait_tied(launcher, caller: int) -> int:
 
 def _parent_of(pid: int) -> int:
     try:
-        return int(criu_mod._status(pid)["PPid"])
+        return int(processes.proc_status(pid)["PPid"])
     except (OSError, KeyError, ValueError):
         return pid
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gpucr_hpc.criu import pidns_init
+from gpucr_hpc.criu import pidns_init, processes
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 
@@ -59,7 +59,7 @@ def namespace_init(pid: int, depth: int) -> int | None:
                 return p
             if len(ids) < depth:
                 return None
-            p = int(criu_mod._status(p)["PPid"])
+            p = int(processes.proc_status(p)["PPid"])
         except (OSError, KeyError, ValueError):
             return None
     return None
@@ -68,7 +68,7 @@ def namespace_init(pid: int, depth: int) -> int | None:
 def _ours(init: int) -> bool:
     """Root's, in our user namespace, running our pidns_init."""
     try:
-        uids = {int(x) for x in criu_mod._status(init)["Uid"].split()}
+        uids = {int(x) for x in processes.proc_status(init)["Uid"].split()}
         argv = Path(f"/proc/{init}/cmdline").read_bytes().split(b"\0")
     except (OSError, KeyError, ValueError):
         return False
