@@ -52,7 +52,7 @@ class Job:
 
     def ranks(self) -> list[int]:
         return sorted(int(p.stem) for p in self.run_dir.glob("*.sock")
-                      if int(ShimClient(int(p.stem), self.run_dir).status().raw.get("nccl_comms") or 0))
+                      if ShimClient(int(p.stem), self.run_dir).status().nccl_comms)
 
     def wait(self, pred, what: str, timeout: float = 30.0):
         end = time.monotonic() + timeout

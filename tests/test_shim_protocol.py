@@ -119,3 +119,16 @@ def test_copy_helper_requests_parse_as_the_shim_writes_them():
     assert protocol.HelperRequest.parse(b'{"cmd": "in_done", "keep": true}').keep
     assert protocol.HelperRequest.parse(b'{"cmd": "forget", "id": 9}').id == 9
     assert protocol.helper_answer(error="boom") == b'{"ok": false, "error": "boom"}'
+
+
+def test_nccl_answers_parse_into_typed_fields():
+    """The cut's answers (nccl_counts, nccl_teardown, nccl_ids) and status's NCCL
+    fields, as the shim writes them: no caller reads the raw answer."""
+    r = protocol.Reply.parse({"ok": True, "nccl_comms": 2, "nccl_cut": "parked", "cut": "parked", "quiet": True,
+                              "settled": False, "comms": ["a1:7:0:2", "b2:3:1:4"], "unrestorable": "",
+                              "teardown_s": 0.25, "ids": "a1=ff00,b2=00ff"})
+    assert (r.nccl_comms, r.nccl_cut, r.cut, r.quiet, r.settled) == (2, "parked", "parked", True, False)
+    assert r.comms == (protocol.NcclComm("a1", 7, 0, 2), protocol.NcclComm("b2", 3, 1, 4))
+    assert r.teardown_s == 0.25 and r.nccl_ids == {"a1": "ff00", "b2": "00ff"}
+    empty = protocol.Reply.parse({"ok": True})
+    assert (empty.nccl_comms, empty.comms, empty.nccl_ids) == (0, (), {})

@@ -14,6 +14,7 @@ from gpucr_hpc.cli import job_id, output, process_image
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.process.in_place import DEFAULT_TIMEOUT_MS, checkpoint_tree, restore_tree, status_all
 from gpucr_hpc.shim.client import default_run_dir, shim_library
+from gpucr_hpc.shim.protocol import Reply
 
 
 def _phases_line(phases: dict) -> str:
@@ -248,13 +249,13 @@ def status(jobid, run_dir, as_json):
         gpu = st.gpu_bytes + st.checkpointed_bytes + st.async_bytes
         state = st.state if st.cuda or st.state != "running" else "running(cpu)"
         click.echo(f"{row.pid:>8}  {state:<13} {units.size(gpu):>10} {units.size(st.arena_bytes):>10}  "
-                   f"{nccl_column(st.raw):<12} {row.cmd[:60]}")
+                   f"{nccl_column(st):<12} {row.cmd[:60]}")
 
 
-def nccl_column(raw) -> str:
+def nccl_column(st: Reply) -> str:
     """The process's NCCL communicators, and where its cut is when one runs."""
-    n = int(raw.get("nccl_comms") or 0)
-    cut = str(raw.get("nccl_cut") or "none")
+    n = st.nccl_comms
+    cut = st.nccl_cut or "none"
     if not n:
         return "-"
     return str(n) if cut == "none" else f"{n} {cut}"

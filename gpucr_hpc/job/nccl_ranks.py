@@ -40,7 +40,7 @@ def ranks_in(pids: list[int], run_dir: Path | None) -> list[int]:
                 st = ShimClient(p, run_dir, path=sock).status()
             except GpucrError:
                 continue
-            if int(st.raw.get("nccl_comms") or 0):
+            if st.nccl_comms:
                 found.append(p)
     return found
 

@@ -77,7 +77,7 @@ def discover(pid: int, run_dir: Path | None = None, need_driver: bool = True, be
             if st is None:
                 continue  # a short-lived process (a `sleep`) ended while it was asked
             t.cuda, t.shim_state = st.cuda, st.state
-            t.nccl = str(st.raw.get("nccl_cut") or "") if int(st.raw.get("nccl_comms") or 0) else ""
+            t.nccl = st.nccl_cut if st.nccl_comms else ""
         else:
             _refuse_unreachable_shim(p)
         targets.append(t)
@@ -358,7 +358,7 @@ class ShimProcess:
     status: Reply
 
     def as_json(self) -> dict:
-        return {**self.status.raw, "cmd": self.cmd} if self.status.ok else \
+        return {**self.status.document(), "cmd": self.cmd} if self.status.ok else \
             {"ok": False, "pid": self.pid, "error": self.status.error, "cmd": self.cmd}
 
 

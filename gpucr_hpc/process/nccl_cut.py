@@ -34,25 +34,10 @@ from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.shim.client import ShimClient
-from gpucr_hpc.shim.protocol import Reply
+from gpucr_hpc.shim.protocol import NcclComm, Reply
 
 DEFAULT_DEADLINE_S = 60.0
 POLL_S = 0.005
-
-
-@dataclass(frozen=True)
-class Comm:
-    """One communicator as one rank sees it."""
-
-    key: str
-    ops: int
-    rank: int
-    nranks: int
-
-    @classmethod
-    def parse(cls, text: str) -> Comm:
-        key, ops, rank, nranks = text.split(":")
-        return cls(key, int(ops), int(rank), int(nranks))
 
 
 @dataclass
@@ -61,14 +46,12 @@ class RankState:
     cut: str
     quiet: bool
     settled: bool
-    comms: tuple[Comm, ...]
+    comms: tuple[NcclComm, ...]
     unrestorable: str = ""
 
     @classmethod
     def of(cls, pid: int, r: Reply) -> RankState:
-        d = r.raw
-        return cls(pid, str(d.get("cut", "")), bool(d.get("quiet")), bool(d.get("settled")),
-                   tuple(Comm.parse(c) for c in d.get("comms") or ()), str(d.get("unrestorable") or ""))
+        return cls(pid, r.cut, r.quiet, r.settled, r.comms, r.unrestorable)
 
 
 # (this node's states, its error or "") -> (every rank's states, every error): how the
@@ -80,7 +63,7 @@ ShareIds = Callable[[dict[str, str], str], tuple[dict[str, str], list[str]]]
 
 def with_comms(statuses: dict[int, Reply]) -> list[int]:
     """The processes (by pid) that hold NCCL communicators, from their shims' status."""
-    return sorted(pid for pid, st in statuses.items() if int(st.raw.get("nccl_comms") or 0) > 0)
+    return sorted(pid for pid, st in statuses.items() if st.nccl_comms > 0)
 
 
 def _ask(pids, run_dir: Path | None, cmd: str, timeout: float = 30.0, **fields) -> dict[int, Reply]:
@@ -201,7 +184,7 @@ def teardown(pids: list[int], run_dir: Path | None = None, timeout_ms: int = 10_
     if bad:
         pid, r = bad[0]
         raise GpucrError(f"process {pid}: {r.error or 'NCCL teardown failed'}", "")
-    return {"teardown_s": max(float(r.raw.get("teardown_s") or 0.0) for r in replies.values())}
+    return {"teardown_s": max(r.teardown_s for r in replies.values())}
 
 
 def torn_down(pids: list[int], run_dir: Path | None = None) -> list[int]:
@@ -226,9 +209,7 @@ def rebuild(pids: list[int], run_dir: Path | None = None, timeout_s: float = 300
         for pid, r in _ask(pids, run_dir, "nccl_ids").items():
             if not r.ok:
                 raise GpucrError(f"process {pid}: {r.error or 'no NCCL unique ids'}", "")
-            for item in filter(None, str(r.raw.get("ids") or "").split(",")):
-                key, _, value = item.partition("=")
-                ids[key] = value
+            ids.update(r.nccl_ids)
     except GpucrError as e:
         error = e.one_line()
     ids, errors = share_ids(ids, error)

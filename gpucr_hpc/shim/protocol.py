@@ -55,6 +55,21 @@ class Blob:
 
 
 @dataclass(frozen=True)
+class NcclComm:
+    """One NCCL communicator as one rank sees it (nccl_counts: "key:ops:rank:nranks")."""
+
+    key: str
+    ops: int
+    rank: int
+    nranks: int
+
+    @classmethod
+    def parse(cls, text: str) -> NcclComm:
+        key, ops, rank, nranks = text.split(":")
+        return cls(key, int(ops), int(rank), int(nranks))
+
+
+@dataclass(frozen=True)
 class Reply:
     """One answer of a shim. Fields the answer lacks keep their defaults."""
 
@@ -89,7 +104,21 @@ class Reply:
     device_uuids: Mapping[int, str] = field(default_factory=dict)  # by CUDA ordinal
     blobs: tuple[Blob, ...] = ()    # in handle order
     report: Mapping[str, Any] = field(default_factory=dict)  # the REPORTED keys it had
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    # NCCL: status, and the cut's nccl_counts / freeze / park / thaw / teardown / ids
+    nccl_comms: int = 0             # communicators the process holds
+    nccl_cut: str = ""              # where its cut is (status)
+    cut: str = ""                   # the same, in the cut's own answers
+    quiet: bool = False             # no NCCL operation in flight
+    settled: bool = False           # every communicator at its target count
+    comms: tuple[NcclComm, ...] = ()
+    unrestorable: str = ""          # why its NCCL state cannot be made again, or ""
+    teardown_s: float = 0.0
+    nccl_ids: Mapping[str, str] = field(default_factory=dict)  # communicator key -> new unique id
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)  # the whole answer, for printing it
+
+    def document(self) -> dict[str, Any]:
+        """The answer as the shim gave it (status --json prints it whole)."""
+        return dict(self.raw)
 
     @classmethod
     def parse(cls, d: Mapping[str, Any]) -> Reply:
@@ -113,6 +142,11 @@ class Reply:
             blobs=tuple(Blob(handle=int(b["handle"]), va=int(b["va"]), size=int(b["size"]),
                              device=int(b["device"]), host=int(b["host"])) for _, b in blobs),
             report={k: d[k] for k in REPORTED if k in d},
+            nccl_comms=int(d.get("nccl_comms") or 0), nccl_cut=str(d.get("nccl_cut") or ""),
+            cut=str(d.get("cut") or ""), quiet=bool(d.get("quiet")), settled=bool(d.get("settled")),
+            comms=tuple(NcclComm.parse(c) for c in d.get("comms") or ()),
+            unrestorable=str(d.get("unrestorable") or ""), teardown_s=float(d.get("teardown_s") or 0.0),
+            nccl_ids=dict(item.partition("=")[::2] for item in str(d.get("ids") or "").split(",") if item),
             raw=dict(d))
 
 
