@@ -78,7 +78,10 @@ def test_descriptors_sent_with_a_request_are_closed_when_it_does_not_take_them(c
 def test_every_request_is_one_the_shim_knows(client):
     _, c = client
     known = [protocol.STATUS, protocol.PING, protocol.CHECKPOINT, protocol.RESTORE, protocol.PREFILL,
-             protocol.STAGING_DROP, protocol.ARENA_DETACH, protocol.ARENA_ATTACH]
+             protocol.STAGING_DROP, protocol.ARENA_DETACH, protocol.ARENA_ATTACH, protocol.ARENA_FILES,
+             protocol.NCCL_COUNTS, protocol.NCCL_FREEZE, protocol.NCCL_TARGETS, protocol.NCCL_PARK,
+             protocol.NCCL_THAW, protocol.NCCL_TEARDOWN, protocol.NCCL_RELOAD, protocol.NCCL_IDS,
+             protocol.NCCL_REBUILD]
     unknown = c.request("frobnicate")
     assert not unknown.ok
     for cmd in known:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.shim import protocol
 from gpucr_hpc.shim.client import ShimClient
 from gpucr_hpc.shim.protocol import NcclComm, Reply
 
@@ -74,7 +75,7 @@ def _ask(pids, run_dir: Path | None, cmd: str, timeout: float = 30.0, **fields) 
         return dict(pool.map(one, pids))
 
 
-def _states(pids, run_dir, cmd="nccl_counts", **fields) -> list[RankState]:
+def _states(pids, run_dir, cmd=protocol.NCCL_COUNTS, **fields) -> list[RankState]:
     replies = _ask(pids, run_dir, cmd, **fields)
     for pid, r in replies.items():
         if not r.ok and r.reason not in ("not_settled",):
@@ -125,7 +126,7 @@ def cut(pids: list[int], run_dir: Path | None = None, deadline_s: float = DEFAUL
     sees the same states, takes the same steps and fails together."""
     end = time.monotonic() + deadline_s
 
-    def everyone(cmd="nccl_counts", **fields) -> list[RankState]:
+    def everyone(cmd=protocol.NCCL_COUNTS, **fields) -> list[RankState]:
         try:
             local, error = _states(pids, run_dir, cmd, **fields), ""
         except GpucrError as e:
@@ -138,7 +139,7 @@ def cut(pids: list[int], run_dir: Path | None = None, deadline_s: float = DEFAUL
         return states
 
     try:
-        states = everyone("nccl_freeze")
+        states = everyone(protocol.NCCL_FREEZE)
         bad = [s for s in states if s.unrestorable]
         if bad:
             raise GpucrError(f"process {bad[0].pid}: checkpoint refused: {bad[0].unrestorable}; it keeps running", "")
@@ -147,14 +148,14 @@ def cut(pids: list[int], run_dir: Path | None = None, deadline_s: float = DEFAUL
                 time.sleep(POLL_S)
                 states = everyone()
             targets = _targets(states)
-            states = everyone("nccl_targets", targets=",".join(f"{k}={v}" for k, v in sorted(targets.items())))
+            states = everyone(protocol.NCCL_TARGETS, targets=",".join(f"{k}={v}" for k, v in sorted(targets.items())))
             while not (all(s.settled for s in states) or any(c.ops > targets[c.key] for s in states for c in s.comms)):
                 time.sleep(POLL_S)
                 states = everyone()
             if all(s.settled for s in states) and _at(states, targets):
                 try:
                     mine, error = [RankState(pid, "parked" if r.ok else "", True, r.ok, ())
-                                   for pid, r in _ask(pids, run_dir, "nccl_park").items()], ""
+                                   for pid, r in _ask(pids, run_dir, protocol.NCCL_PARK).items()], ""
                 except GpucrError as e:
                     mine, error = [], e.one_line()
                 parked, errors = share(mine, error)
@@ -171,7 +172,7 @@ def cut(pids: list[int], run_dir: Path | None = None, deadline_s: float = DEFAUL
 def thaw(pids: list[int], run_dir: Path | None = None) -> None:
     """Best effort: every rank leaves the cut and runs on."""
     try:
-        _ask(pids, run_dir, "nccl_thaw")
+        _ask(pids, run_dir, protocol.NCCL_THAW)
     except GpucrError:
         pass
 
@@ -179,7 +180,7 @@ def thaw(pids: list[int], run_dir: Path | None = None) -> None:
 def teardown(pids: list[int], run_dir: Path | None = None, timeout_ms: int = 10_000) -> dict[str, float]:
     """Every parked rank finalizes and destroys its communicators (in parallel:
     a finalize may wait for its peers)."""
-    replies = _ask(pids, run_dir, "nccl_teardown", timeout=timeout_ms / 1000 + 60, timeout_ms=timeout_ms)
+    replies = _ask(pids, run_dir, protocol.NCCL_TEARDOWN, timeout=timeout_ms / 1000 + 60, timeout_ms=timeout_ms)
     bad = [(pid, r) for pid, r in replies.items() if not r.ok]
     if bad:
         pid, r = bad[0]
@@ -203,10 +204,10 @@ def rebuild(pids: list[int], run_dir: Path | None = None, timeout_s: float = 300
     error = ""
     try:
         if reload:
-            for pid, r in _ask(pids, run_dir, "nccl_reload").items():
+            for pid, r in _ask(pids, run_dir, protocol.NCCL_RELOAD).items():
                 if not r.ok:
                     raise GpucrError(f"process {pid}: {r.error or 'NCCL could not be loaded again'}", "")
-        for pid, r in _ask(pids, run_dir, "nccl_ids").items():
+        for pid, r in _ask(pids, run_dir, protocol.NCCL_IDS).items():
             if not r.ok:
                 raise GpucrError(f"process {pid}: {r.error or 'no NCCL unique ids'}", "")
             ids.update(r.nccl_ids)
@@ -216,7 +217,7 @@ def rebuild(pids: list[int], run_dir: Path | None = None, timeout_s: float = 300
     if errors:
         raise GpucrError(errors[0], "the job's ranks stay parked; restore it again, or cancel it")
     listed = ",".join(f"{k}={v}" for k, v in sorted(ids.items()))
-    replies = _ask(pids, run_dir, "nccl_rebuild", timeout=timeout_s, ids=listed)
+    replies = _ask(pids, run_dir, protocol.NCCL_REBUILD, timeout=timeout_s, ids=listed)
     bad = [(pid, r) for pid, r in replies.items() if not r.ok]
     if bad:
         pid, r = bad[0]

@@ -25,6 +25,16 @@ STAGING_DROP = "staging_drop"      # free the bounce ring before the driver chec
 ARENA_DETACH = "arena_detach"      # the arena written to an image: let it go
 ARENA_ATTACH = "arena_attach"      # re-make the arena for an image's data (or map its files filled ahead)
 ARENA_FILES = "arena_files"        # the arena's files, linked "into" a staging tier's folder (no copy)
+# NCCL's cut (process/nccl_cut.py): every rank brought to one count of its collectives
+NCCL_COUNTS = "nccl_counts"        # each communicator's operations so far
+NCCL_FREEZE = "nccl_freeze"        # no new operation starts
+NCCL_TARGETS = "nccl_targets"      # run on to these counts (targets="key=count,...")
+NCCL_PARK = "nccl_park"            # stop there
+NCCL_THAW = "nccl_thaw"            # go on
+NCCL_TEARDOWN = "nccl_teardown"    # finalize and destroy every communicator
+NCCL_RELOAD = "nccl_reload"        # a fresh copy of NCCL (after a restore elsewhere)
+NCCL_IDS = "nccl_ids"              # new unique ids from each communicator's rank 0
+NCCL_REBUILD = "nccl_rebuild"      # every communicator made anew (ids="key=id,...")
 
 
 
