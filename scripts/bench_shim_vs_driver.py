@@ -52,9 +52,15 @@ h.fill_(1); d.fill_(2); torch.cuda.synchronize()
 def best(f):
     t = []
     for _ in range(3):
-        torch.cuda.synchronize(); t0 = time.perf_counter(); f(); torch.cuda.synchronize(); t.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        f()
+        torch.cuda.synchronize()
+        t.append(time.perf_counter() - t0)
     return n / min(t) / 1e9
-print(json.dumps({{"d2h_GBps": best(lambda: h.copy_(d, non_blocking=True)), "h2d_GBps": best(lambda: d.copy_(h, non_blocking=True)), "gib": {gib}}}))
+d2h = best(lambda: h.copy_(d, non_blocking=True))
+h2d = best(lambda: d.copy_(h, non_blocking=True))
+print(json.dumps({{"d2h_GBps": d2h, "h2d_GBps": h2d, "gib": {gib}}}))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     return json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {"error": r.stderr[-500:]}
@@ -130,8 +136,8 @@ def driver_only(args, gib) -> dict:
 
 
 HELPER_SOCKET = Path("/tmp/gpucr-bench-copy-helper.sock")
-SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "helper_fallback", "helper_steps", "copy_threads",
-             "copy_stores", "copy_wait", "arena_setup_s")
+SHIM_KEYS = ("prepare_s", "copy_s", "release_s", "create_s", "data_path", "helper_fallback", "helper_steps",
+             "copy_threads", "copy_stores", "copy_wait", "arena_setup_s")
 
 
 def ready(st: dict, args) -> bool:
@@ -221,7 +227,8 @@ def plot(results, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in results["footprints"] if "cycles" in r.get("gpucr", {}) and "checkpoint_s" in r.get("driver_only", {})]
+    rows = [r for r in results["footprints"]
+            if "cycles" in r.get("gpucr", {}) and "checkpoint_s" in r.get("driver_only", {})]
     if not rows:
         return False
     x = [r["gib"] for r in rows]
@@ -291,7 +298,8 @@ def run(args):
            "options": {"arena": args.arena or "/dev/shm", "pin": args.pin, "copy_threads": args.copy_threads or None,
                        "cycles": args.cycles, "copy_helper": args.copy_helper, "arena_auto": args.arena_auto,
                        "arena_at_checkpoint": args.arena_at_checkpoint,
-                       "prefill_cycles": args.prefill_cycles if args.copy_helper else 0, "env": {k: v for k, v in os.environ.items() if k.startswith("GPUCR_")}},
+                       "prefill_cycles": args.prefill_cycles if args.copy_helper else 0,
+                       "env": {k: v for k, v in os.environ.items() if k.startswith("GPUCR_")}},
            "raw_pinned": raw_bandwidth(args.raw_gib) if args.raw_gib else {}, "footprints": []}
     out = Path(args.out)
     out.write_text(json.dumps(res, indent=1))

@@ -49,6 +49,7 @@ def parse_config(spec: str) -> tuple[str, dict]:
 
 
 HELPER_SOCKET = "/tmp/gpucr-ab-copy-helper.sock"
+SHIM_PATH_KEYS = ("data_path", "helper_fallback", "copy_threads", "copy_stores", "copy_wait")
 
 
 def one_cycle(pid: int, run_dir: Path, prefill: bool = False) -> dict:
@@ -60,8 +61,8 @@ def one_cycle(pid: int, run_dir: Path, prefill: bool = False) -> dict:
             "checkpoint_control_s": cp["phases"]["control_s"], "restore_control_s": rs["phases"]["control_s"],
             "out_GBps": gb / cp["phases"]["data_s"], "in_GBps": gb / rs["phases"]["data_s"],
             "prefill": bool(rs["phases"].get("prefill")),
-            "shim_out": {k: shim_cp.get(k) for k in ("data_path", "helper_fallback", "copy_threads", "copy_stores", "copy_wait")},
-            "shim_in": {k: shim_rs.get(k) for k in ("data_path", "helper_fallback", "copy_threads", "copy_stores", "copy_wait")}}
+            "shim_out": {k: shim_cp.get(k) for k in SHIM_PATH_KEYS},
+            "shim_in": {k: shim_rs.get(k) for k in SHIM_PATH_KEYS}}
 
 
 def summary(cycles: list[dict], raw: dict) -> dict:

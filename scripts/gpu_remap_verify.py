@@ -153,7 +153,8 @@ def checks(res: dict) -> dict:
         ck[f"{name}_ran_on_gpu0_before"] = s.get("gpu_before") == 0
         ck[f"{name}_image_records_its_gpus"] = (s.get("image_gpu_uuids") == [sees]
                                                  and s.get("h5_device_uuids") == [sees])
-        ck[f"{name}_report_says_gpu1"] = dev0.get("index") == 1 and dev0.get("uuid") == uuid[1] and bool(dev0.get("moved"))
+        ck[f"{name}_report_says_gpu1"] = (dev0.get("index") == 1 and dev0.get("uuid") == uuid[1]
+                                          and bool(dev0.get("moved")))
         ck[f"{name}_memory_on_gpu1_not_gpu0"] = (s.get("gpu_after") == 1 and after[1] >= 0.9 * ballast_mib
                                                  and after[0] < 0.25 * ballast_mib)
         ck[f"{name}_bit_identical"] = bool(rr.get("output_identical"))

@@ -33,8 +33,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 WL = REPO / "tests" / "shim_workloads"
 
+# after sys.path above: the script runs from a checkout, the package need not be installed
 from gpucr_hpc.process import in_place  # noqa: E402
-from gpucr_hpc.shim import copy_helper
+from gpucr_hpc.shim import copy_helper  # noqa: E402
 from gpucr_hpc.shim.client import ShimClient  # noqa: E402
 
 
@@ -115,6 +116,7 @@ def other_process_alloc(gib: float) -> dict:
 
 
 HELPER_SOCKET = Path("/tmp/gpucr-verify-copy-helper.sock")
+PATH_KEYS = ("data_path", "helper_fallback", "helper_steps")  # which data path a shim took
 
 
 def run_workload(name, cmd, extra_env, args, cycles) -> dict:
@@ -167,7 +169,7 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             else:
                 cp = in_place.checkpoint_tree(pid, timeout_ms=20000, run_dir=run_dir)
             entry["checkpoint"] = cp["phases"]
-            entry["checkpoint_path"] = {k: cp["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
+            entry["checkpoint_path"] = {k: cp["processes"][0].get(k) for k in PATH_KEYS}
             entry["checkpoint_bytes"] = cp["bytes"]
             entry["steps_while_checkpointed_start"] = proc.steps()
             entry["used_mib_after_checkpoint"] = gpu_used_mib()
@@ -184,7 +186,7 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
             else:
                 rs = in_place.restore_tree(pid, run_dir=run_dir, prefill=bool(args.copy_helper and c % 2))
             entry["restore"] = rs["phases"]
-            entry["restore_path"] = {k: rs["processes"][0].get(k) for k in ("data_path", "helper_fallback", "helper_steps")}
+            entry["restore_path"] = {k: rs["processes"][0].get(k) for k in PATH_KEYS}
             entry["used_mib_after_restore"] = gpu_used_mib()
             st = ShimClient(pid, run_dir).status()
             entry["arena_bytes"] = st.arena_bytes
@@ -213,7 +215,8 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
     if cyc:
         # what was in use before any workload (the copy helper's own contexts)
         if not args.shim_only:  # the shim's yield alone leaves the CUDA context on the GPU
-            ck["vram_after_checkpoint_le_64MiB"] = all(e["used_mib_after_checkpoint"] - args.baseline_mib <= 64 for e in cyc)
+            ck["vram_after_checkpoint_le_64MiB"] = all(e["used_mib_after_checkpoint"] - args.baseline_mib <= 64
+                                                       for e in cyc)
         ck["no_progress_while_checkpointed"] = all(e["steps_while_checkpointed"] == 0 for e in cyc)
         if "other_process_alloc" in cyc[0]:
             ck["other_process_allocates_freed_memory"] = cyc[0]["other_process_alloc"]["ok"]
@@ -223,7 +226,8 @@ def run_workload(name, cmd, extra_env, args, cycles) -> dict:
                   [e["used_mib_after_restore"] for e in cyc if e["cycle"] >= args.kill_helper_at]]
         arena = [e["arena_bytes"] for e in cyc]
         ck["no_gpu_leak"] = all(max(g) - min(g) <= 64 for g in groups if g)
-        ck["no_arena_growth"] = len(set(arena[1:] or arena)) == 1 and all(e["arena_used_after_restore"] == 0 for e in cyc)
+        ck["no_arena_growth"] = (len(set(arena[1:] or arena)) == 1
+                                 and all(e["arena_used_after_restore"] == 0 for e in cyc))
         ck["all_cycles_done"] = len(cyc) == cycles
         if args.copy_helper:
             alive = [e for e in cyc if e["cycle"] < args.kill_helper_at]
