@@ -116,78 +116,134 @@ int gpucr_run_dir(char *out, size_t len)
     return 0;
 }
 
+/* ---- the requests: one handler each, found by name in `commands` ---- */
+struct cmd_ctx {
+    const struct gpucr_req *req;
+    const char *line; /* the whole request, for fields only one command reads */
+};
+
+static void do_ping(const struct cmd_ctx *c, struct jbuf *out)
+{
+    (void)c;
+    jb_begin(out);
+    jb_bool(out, "ok", 1);
+    jb_i64(out, "pid", getpid());
+    jb_end(out);
+}
+
+static void do_status(const struct cmd_ctx *c, struct jbuf *out)
+{
+    (void)c;
+    gpucr_cmd_status(out);
+}
+
+static void do_checkpoint(const struct cmd_ctx *c, struct jbuf *out)
+{
+    long t = c->req->timeout_ms;
+    if (t < 0) {
+        const char *e = getenv("GPUCR_QUIESCE_TIMEOUT_MS");
+        t = e ? atol(e) : 10000;
+    }
+    gpucr_cmd_checkpoint(t, out);
+}
+
+static void do_restore(const struct cmd_ctx *c, struct jbuf *out)
+{
+    (void)c;
+    gpucr_cmd_restore(out);
+}
+
+static void do_arena_detach(const struct cmd_ctx *c, struct jbuf *out)
+{
+    (void)c;
+    gpucr_cmd_arena_detach(out);
+}
+
+static void do_arena_files(const struct cmd_ctx *c, struct jbuf *out) { gpucr_cmd_arena_files(c->line, out); }
+
+static void do_staging_drop(const struct cmd_ctx *c, struct jbuf *out)
+{
+    (void)c;
+    gpucr_cmd_staging_drop(out);
+}
+
+static void do_prefill(const struct cmd_ctx *c, struct jbuf *out)
+{
+    (void)c;
+    gpucr_cmd_prefill(out);
+}
+
+static void do_arena_attach(const struct cmd_ctx *c, struct jbuf *out) { gpucr_cmd_arena_attach(c->req->linkable, out); }
+
+static void do_ipc_fd(const struct cmd_ctx *c, struct jbuf *out)
+{
+    uint64_t size = 0;
+    int fd = gpucr_ipc_export_fd(c->req->id, &size);
+    jb_begin(out);
+    jb_bool(out, "ok", fd >= 0);
+    if (fd >= 0) {
+        jb_u64(out, "size", size);
+        if (pending_fd >= 0)
+            close(pending_fd);
+        pending_fd = fd;
+    } else {
+        jb_str(out, "error", "no such IPC export in this process");
+    }
+    jb_end(out);
+}
+
+static void do_nccl(const struct cmd_ctx *c, struct jbuf *out)
+{
+    gpucr_cmd_nccl(c->req->cmd, c->line, c->req->timeout_ms, out); /* the cut and the communicators */
+}
+
+/* Every request the socket takes (gpucr_hpc/shim/protocol.py names the same);
+ * serialized: under gpucr_cmd_mu, against a yield on SIGTSTP (suspend.c). */
+static const struct command {
+    const char *name;
+    void (*run)(const struct cmd_ctx *, struct jbuf *);
+    int serialized;
+} commands[] = {
+    {"ping", do_ping, 0},
+    {"status", do_status, 0},
+    {"checkpoint", do_checkpoint, 1},
+    {"restore", do_restore, 1},
+    {"arena_detach", do_arena_detach, 1},
+    {"arena_files", do_arena_files, 1},
+    {"staging_drop", do_staging_drop, 1},
+    {"prefill", do_prefill, 1},
+    {"arena_attach", do_arena_attach, 1},
+    {"ipc_fd", do_ipc_fd, 0},
+#define GPUCR_NCCL_COMMAND(name) {#name, do_nccl, 0},
+    GPUCR_NCCL_COMMANDS(GPUCR_NCCL_COMMAND)
+#undef GPUCR_NCCL_COMMAND
+};
+
+static void refuse(struct jbuf *out, const char *why)
+{
+    jb_begin(out);
+    jb_bool(out, "ok", 0);
+    jb_str(out, "error", why);
+    jb_end(out);
+}
+
 void gpucr_control_dispatch(const char *line, struct jbuf *out)
 {
     struct gpucr_req req;
-    if (gpucr_req_parse(line, &req) < 0) {
-        jb_begin(out);
-        jb_bool(out, "ok", 0);
-        jb_str(out, "error", "bad request: expected one JSON object with a \"cmd\" per line");
-        jb_end(out);
+    if (gpucr_req_parse(line, &req) < 0)
+        return refuse(out, "bad request: expected one JSON object with a \"cmd\" per line");
+    const struct cmd_ctx c = {&req, line};
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
+        if (strcmp(req.cmd, commands[i].name))
+            continue;
+        if (commands[i].serialized)
+            pthread_mutex_lock(&gpucr_cmd_mu);
+        commands[i].run(&c, out);
+        if (commands[i].serialized)
+            pthread_mutex_unlock(&gpucr_cmd_mu);
         return;
     }
-    if (!strcmp(req.cmd, "ping")) {
-        jb_begin(out);
-        jb_bool(out, "ok", 1);
-        jb_i64(out, "pid", getpid());
-        jb_end(out);
-    } else if (!strcmp(req.cmd, "status")) {
-        gpucr_cmd_status(out);
-    } else if (!strcmp(req.cmd, "checkpoint")) {
-        long t = req.timeout_ms;
-        if (t < 0) {
-            const char *e = getenv("GPUCR_QUIESCE_TIMEOUT_MS");
-            t = e ? atol(e) : 10000;
-        }
-        pthread_mutex_lock(&gpucr_cmd_mu); /* against a yield on SIGTSTP (suspend.c) */
-        gpucr_cmd_checkpoint(t, out);
-        pthread_mutex_unlock(&gpucr_cmd_mu);
-    } else if (!strcmp(req.cmd, "restore")) {
-        pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_restore(out);
-        pthread_mutex_unlock(&gpucr_cmd_mu);
-    } else if (!strcmp(req.cmd, "arena_detach")) {
-        pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_arena_detach(out);
-        pthread_mutex_unlock(&gpucr_cmd_mu);
-    } else if (!strcmp(req.cmd, "arena_files")) {
-        pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_arena_files(line, out);
-        pthread_mutex_unlock(&gpucr_cmd_mu);
-    } else if (!strcmp(req.cmd, "staging_drop")) {
-        pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_staging_drop(out);
-        pthread_mutex_unlock(&gpucr_cmd_mu);
-    } else if (!strcmp(req.cmd, "prefill")) {
-        pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_prefill(out);
-        pthread_mutex_unlock(&gpucr_cmd_mu);
-    } else if (!strcmp(req.cmd, "arena_attach")) {
-        pthread_mutex_lock(&gpucr_cmd_mu);
-        gpucr_cmd_arena_attach(req.linkable, out);
-        pthread_mutex_unlock(&gpucr_cmd_mu);
-    } else if (!strcmp(req.cmd, "ipc_fd")) {
-        uint64_t size = 0;
-        int fd = gpucr_ipc_export_fd(req.id, &size);
-        jb_begin(out);
-        jb_bool(out, "ok", fd >= 0);
-        if (fd >= 0) {
-            jb_u64(out, "size", size);
-            if (pending_fd >= 0)
-                close(pending_fd);
-            pending_fd = fd;
-        } else {
-            jb_str(out, "error", "no such IPC export in this process");
-        }
-        jb_end(out);
-    } else if (!strncmp(req.cmd, "nccl_", 5) && gpucr_cmd_nccl(req.cmd, line, req.timeout_ms, out)) {
-        /* answered: the cut and the communicators (nccl_cut.c) */
-    } else {
-        jb_begin(out);
-        jb_bool(out, "ok", 0);
-        jb_str(out, "error", "unknown command");
-        jb_end(out);
-    }
+    refuse(out, "unknown command");
 }
 
 static void write_all(int fd, const char *buf, size_t len)

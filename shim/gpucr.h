@@ -275,6 +275,11 @@ extern pthread_mutex_t gpucr_cmd_mu;
 
 /* ---- nccl_cut.c: NCCL communicators across a checkpoint (a stub in unit tests) */
 /* An nccl_* control request answered into out: 1; 0 when cmd is not one. */
+/* The requests of NCCL's cut (nccl_cut.c), each answered by cmd_<name> there;
+ * gpucr_hpc/shim/protocol.py names the same. */
+#define GPUCR_NCCL_COMMANDS(X)                                                                              \
+    X(nccl_counts) X(nccl_freeze) X(nccl_targets) X(nccl_park) X(nccl_thaw) X(nccl_teardown) X(nccl_reload) \
+    X(nccl_ids) X(nccl_rebuild)
 int gpucr_cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jbuf *out);
 void gpucr_nccl_status(struct jbuf *out);          /* nccl_comms, nccl_cut */
 int gpucr_nccl_refusal(char *why, size_t len);     /* 1: communicators still up */

@@ -514,29 +514,70 @@ int gpucr_cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jb
     return r;
 }
 
+/* one handler per request of GPUCR_NCCL_COMMANDS (gpucr.h): a name without one does not build */
+static void cmd_nccl_counts(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)line, (void)timeout_ms;
+    reply_state(out);
+}
+static void cmd_nccl_freeze(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)line, (void)timeout_ms;
+    freeze(out);
+}
+static void cmd_nccl_targets(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)timeout_ms;
+    targets(line, out);
+}
+static void cmd_nccl_park(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)line, (void)timeout_ms;
+    park(out);
+}
+static void cmd_nccl_thaw(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)line, (void)timeout_ms;
+    thaw(out);
+}
+static void cmd_nccl_teardown(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)line;
+    teardown(timeout_ms, out);
+}
+static void cmd_nccl_reload(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)line, (void)timeout_ms;
+    reload(out);
+}
+static void cmd_nccl_ids(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)line, (void)timeout_ms;
+    ids(out);
+}
+static void cmd_nccl_rebuild(const char *line, long timeout_ms, struct jbuf *out)
+{
+    (void)timeout_ms;
+    rebuild(line, out);
+}
+
+static const struct {
+    const char *name;
+    void (*run)(const char *line, long timeout_ms, struct jbuf *out);
+} nccl_commands[] = {
+#define GPUCR_NCCL_ENTRY(name) {#name, cmd_##name},
+    GPUCR_NCCL_COMMANDS(GPUCR_NCCL_ENTRY)
+#undef GPUCR_NCCL_ENTRY
+};
+
 static int cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jbuf *out)
 {
-    if (!strcmp(cmd, "nccl_freeze"))
-        freeze(out);
-    else if (!strcmp(cmd, "nccl_counts"))
-        reply_state(out);
-    else if (!strcmp(cmd, "nccl_targets"))
-        targets(line, out);
-    else if (!strcmp(cmd, "nccl_park"))
-        park(out);
-    else if (!strcmp(cmd, "nccl_thaw"))
-        thaw(out);
-    else if (!strcmp(cmd, "nccl_teardown"))
-        teardown(timeout_ms, out);
-    else if (!strcmp(cmd, "nccl_reload"))
-        reload(out);
-    else if (!strcmp(cmd, "nccl_ids"))
-        ids(out);
-    else if (!strcmp(cmd, "nccl_rebuild"))
-        rebuild(line, out);
-    else
-        return 0;
-    return 1;
+    for (size_t i = 0; i < sizeof nccl_commands / sizeof nccl_commands[0]; i++)
+        if (!strcmp(cmd, nccl_commands[i].name)) {
+            nccl_commands[i].run(line, timeout_ms, out);
+            return 1;
+        }
+    return 0;
 }
 
 void gpucr_nccl_cut_after_fork_child(void) { cut = CUT_NONE; }

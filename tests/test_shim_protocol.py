@@ -77,11 +77,7 @@ def test_descriptors_sent_with_a_request_are_closed_when_it_does_not_take_them(c
 
 def test_every_request_is_one_the_shim_knows(client):
     _, c = client
-    known = [protocol.STATUS, protocol.PING, protocol.CHECKPOINT, protocol.RESTORE, protocol.PREFILL,
-             protocol.STAGING_DROP, protocol.ARENA_DETACH, protocol.ARENA_ATTACH, protocol.ARENA_FILES,
-             protocol.NCCL_COUNTS, protocol.NCCL_FREEZE, protocol.NCCL_TARGETS, protocol.NCCL_PARK,
-             protocol.NCCL_THAW, protocol.NCCL_TEARDOWN, protocol.NCCL_RELOAD, protocol.NCCL_IDS,
-             protocol.NCCL_REBUILD]
+    known = protocol.REQUESTS
     unknown = c.request("frobnicate")
     assert not unknown.ok
     for cmd in known:
@@ -135,3 +131,21 @@ def test_nccl_answers_parse_into_typed_fields():
     assert r.teardown_s == 0.25 and r.nccl_ids == {"a1": "ff00", "b2": "00ff"}
     empty = protocol.Reply.parse({"ok": True})
     assert (empty.nccl_comms, empty.comms, empty.nccl_ids) == (0, (), {})
+
+
+def test_the_shim_and_python_name_the_same_requests():
+    """shim/control.c's table and gpucr.h's NCCL list are the requests the shim
+    answers; gpucr_hpc/shim/protocol.py names each of them, and no other."""
+    import re
+    from pathlib import Path
+
+    shim = Path(__file__).resolve().parent.parent / "shim"
+    control = (shim / "control.c").read_text()
+    table = control[control.index("} commands[] = {"):]
+    c_names = set(re.findall(r'^\s*\{"(\w+)", do_\w+', table, re.M))
+    nccl = (shim / "gpucr.h").read_text()
+    nccl = nccl[nccl.index("#define GPUCR_NCCL_COMMANDS(X)"):]
+    c_names |= set(re.findall(r"X\((\w+)\)", nccl[:nccl.index("int gpucr_cmd_nccl")]))
+    assert c_names == set(protocol.REQUESTS), (sorted(c_names - set(protocol.REQUESTS)),
+                                                sorted(set(protocol.REQUESTS) - c_names))
+    assert len(c_names) >= 19

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Requests (the shim's commands).
+# Requests (the shim's commands; shim/control.c's table and gpucr.h's
+# GPUCR_NCCL_COMMANDS list the same, tests/test_shim_protocol.py checks it).
 STATUS = "status"
 PING = "ping"
 CHECKPOINT = "checkpoint"          # quiesce, copy the GPU data to the arena, yield the GPU memory
@@ -25,6 +26,7 @@ STAGING_DROP = "staging_drop"      # free the bounce ring before the driver chec
 ARENA_DETACH = "arena_detach"      # the arena written to an image: let it go
 ARENA_ATTACH = "arena_attach"      # re-make the arena for an image's data (or map its files filled ahead)
 ARENA_FILES = "arena_files"        # the arena's files, linked "into" a staging tier's folder (no copy)
+IPC_FD = "ipc_fd"                  # another process's shim asks for an exported allocation (ipc_legacy.c)
 # NCCL's cut (process/nccl_cut.py): every rank brought to one count of its collectives
 NCCL_COUNTS = "nccl_counts"        # each communicator's operations so far
 NCCL_FREEZE = "nccl_freeze"        # no new operation starts
@@ -35,6 +37,9 @@ NCCL_TEARDOWN = "nccl_teardown"    # finalize and destroy every communicator
 NCCL_RELOAD = "nccl_reload"        # a fresh copy of NCCL (after a restore elsewhere)
 NCCL_IDS = "nccl_ids"              # new unique ids from each communicator's rank 0
 NCCL_REBUILD = "nccl_rebuild"      # every communicator made anew (ids="key=id,...")
+REQUESTS = (STATUS, PING, CHECKPOINT, RESTORE, PREFILL, STAGING_DROP, ARENA_DETACH, ARENA_ATTACH, ARENA_FILES,
+            IPC_FD, NCCL_COUNTS, NCCL_FREEZE, NCCL_TARGETS, NCCL_PARK, NCCL_THAW, NCCL_TEARDOWN, NCCL_RELOAD,
+            NCCL_IDS, NCCL_REBUILD)
 
 
 
