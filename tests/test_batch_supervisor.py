@@ -16,7 +16,8 @@ from gpucr_hpc.store import manifest as mf
 
 SCONTROL = """#!/bin/sh
 case "$*" in
-  "show job -o 42") echo "JobId=42 UserId=me({uid}) JobState=RUNNING NodeList=(null) TimeLimit=01:00:00 PreemptTime={preempt_time} Requeue={requeue}";;
+  "show job -o 42") echo "JobId=42 UserId=me({uid}) JobState=RUNNING NodeList=(null) TimeLimit=01:00:00 \
+PreemptTime={preempt_time} Requeue={requeue}";;
   *) echo "scontrol: error: unexpected $*" >&2; exit 1;;
 esac
 """

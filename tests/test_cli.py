@@ -28,7 +28,7 @@ def test_console_script_is_installed():
 def test_unknown_option_is_one_line_error():
     out = gpucr("--no-such-option")
     assert out.returncode != 0
-    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert lines[-1].startswith("Error:")
     assert "--no-such-option" in lines[-1]
 

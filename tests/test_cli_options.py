@@ -19,7 +19,8 @@ from gpucr_hpc.store import manifest as mf
 FAKE_SCONTROL = """#!/bin/sh
 echo "$*" >> {log}
 case "$*" in
-  "show job -o 42") echo "JobId=42 JobName=train UserId=me({uid}) JobState={state} Restarts=0 NodeList=(null) Partition=debug Requeue=1";;
+  "show job -o 42") echo "JobId=42 JobName=train UserId=me({uid}) JobState={state} Restarts=0 NodeList=(null) \
+Partition=debug Requeue=1";;
   "requeue 42"|"release 42") ;;
   *) echo "scontrol: error: Invalid job id specified" >&2; exit 1;;
 esac

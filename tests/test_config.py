@@ -166,7 +166,8 @@ def test_faults_are_not_read_at_import(tmp_path):
     GPUCR_COPY_HELPER_FAIL was): set at import and gone by the call, it arms nothing; and the
     other way round."""
     import os
-    code = ("import os; from gpucr_hpc import config; from gpucr_hpc.shim import copy_helper; from gpucr_hpc.store import gpu_data; from gpucr_hpc.process import image; "
+    code = ("import os; from gpucr_hpc import config; from gpucr_hpc.shim import copy_helper; "
+            "from gpucr_hpc.store import gpu_data; from gpucr_hpc.process import image; "
             "os.environ.pop('GPUCR_FAULTS', None); a = config.fault('copy_helper_in_done'); "
             "os.environ['GPUCR_FAULTS'] = 'copy_helper_in_done'; b = config.fault('copy_helper_in_done'); "
             "print(a, b)")

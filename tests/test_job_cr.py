@@ -99,7 +99,8 @@ def four_ranks_script(workdir, steps: int, shown: str = ""):
     script = workdir / "job.sh"
     script.write_text(f"""#!/bin/bash
 echo "start restart=${{SLURM_RESTART_COUNT:-0}}{shown}"
-srun --ntasks=4 --ntasks-per-node=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+srun --ntasks=4 --ntasks-per-node=2 \
+bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
 echo "after srun rc=$?"
 """)
     return script
@@ -248,7 +249,7 @@ def test_time_limit_shorter_than_twice_the_lead_is_not_checkpointed(slurm_cluste
                                     timeout=120)
     text = out.read_text()
     assert info["Restarts"] == "0" and "checkpointing job" not in text, (text, info)
-    assert len([l for l in text.splitlines() if l.startswith("gpucr:")]) == 1, text
+    assert len([ln for ln in text.splitlines() if ln.startswith("gpucr:")]) == 1, text
     assert_counted_once(log, 900)
 
 

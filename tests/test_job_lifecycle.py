@@ -76,7 +76,8 @@ def two_node_job(cluster, workdir, steps: int):
     script = workdir / "job.sh"
     script.write_text(f"""#!/bin/bash
 echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
-srun --ntasks=4 --ntasks-per-node=2 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+srun --ntasks=4 --ntasks-per-node=2 \
+bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
 echo "after srun rc=$?"
 """)
     out = workdir / "job.out"
@@ -265,7 +266,7 @@ def test_a_job_requeued_right_after_each_restore_is_held_not_looped(slurm_cluste
         gpucr(slurm_cluster, "checkpoint", jobid)
         for n in (1, 2, 3):
             slurm_cluster.run("scontrol", "requeue", jobid)
-            wait_for(lambda: slurm_cluster.restore_log(jobid).count("restoring job") == n
+            wait_for(lambda n=n: slurm_cluster.restore_log(jobid).count("restoring job") == n
                      and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120,
                      what=f"restore {n}", detail=detail(slurm_cluster, jobid, out))
         slurm_cluster.run("scontrol", "requeue", jobid)

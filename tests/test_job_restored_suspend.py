@@ -11,13 +11,12 @@ import json
 import os
 
 import pytest
+from job_helpers import counting_script, gpucr, numbers, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
-
-from job_helpers import counting_script, gpucr, numbers, wait_for
 
 
 def test_suspend_of_a_restored_job_reaches_every_unit(slurm_cluster, workdir):

@@ -238,7 +238,8 @@ def two_rank_job(workdir: Path, steps: int) -> tuple[Path, list[Path]]:
     """A batch script whose srun step runs two counting ranks, one per node; their logs."""
     script = workdir / "job.sh"
     script.write_text(f"""#!/bin/bash
-srun --ntasks=2 --ntasks-per-node=1 bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
+srun --ntasks=2 --ntasks-per-node=1 \
+bash -c 'exec {sys.executable} {workdir}/counter.py {workdir}/rank-$SLURM_PROCID.txt {steps}'
 echo "after srun rc=$?"
 """)
     return script, [workdir / f"rank-{r}.txt" for r in range(2)]

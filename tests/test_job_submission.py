@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
-
-from job_helpers import assert_counted_once, counting_script, gpucr, numbers, wait_for
 
 
 def state_dir(cluster) -> Path:

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-from job_helpers import gpucr, suspended_then_resumed, output_of, wait_for  # noqa: E402
+from job_helpers import gpucr, output_of, suspended_then_resumed, wait_for  # noqa: E402
 from user_helpers import as_user, gpucr_as  # noqa: E402
 
 WORDS, PER_TICK, TICK = 60_000, 100, 0.05  # 30 s of streaming
@@ -452,10 +452,10 @@ def test_a_units_own_connection_with_full_queues_survives_preemptions(slurm_clus
         wait_for(lambda: len(numbers(log)) > 10, what="the job to count")
         for n in (1, 2):
             gpucr(slurm_cluster, "preempt", jobid)
-            wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(n)
+            wait_for(lambda n=n: slurm_cluster.job(jobid).get("Restarts") == str(n)
                      and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120, what=f"restore {n}")
             at = len(numbers(log))
-            wait_for(lambda: len(numbers(log)) > at + 5, what=f"counting after restore {n}",
+            wait_for(lambda at=at: len(numbers(log)) > at + 5, what=f"counting after restore {n}",
                      detail=lambda: (output_of(out), slurm_cluster.restore_log(jobid)))
         info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
         assert log.read_text().splitlines()[-1] == "queues whole", log.read_text()[-200:]
@@ -496,7 +496,8 @@ log.write("all words once, in order\n")
 
 CLIENT = r"""
 import socket, struct, sys, time
-port, workdir, words, per_tick, tick = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+port, workdir = int(sys.argv[1]), sys.argv[2]
+words, per_tick, tick = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 for _ in range(300):
     try:
         conn = socket.create_connection((open(f"{workdir}/server-addr").read(), port))
@@ -534,13 +535,14 @@ def test_ranks_connected_to_the_batch_script_move_with_it(slurm_cluster, workdir
             drained = slurm_cluster.job(jobid)["BatchHost"]
             slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=gpucr-test")
             gpucr(slurm_cluster, "preempt", jobid)
-            wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(n)
+            wait_for(lambda n=n: slurm_cluster.job(jobid).get("Restarts") == str(n)
                      and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=180, what=f"restore {n}")
             assert slurm_cluster.job(jobid)["BatchHost"] != drained
             slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME")
             drained = None
             at = len(numbers(log))
-            wait_for(lambda: len(numbers(log)) > at + 5, timeout=120, what=f"the server reading after restore {n}",
+            wait_for(lambda at=at: len(numbers(log)) > at + 5, timeout=120,
+                     what=f"the server reading after restore {n}",
                      detail=lambda: (output_of(out), log.read_text()[-300:], slurm_cluster.restore_log(jobid)))
         info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
         assert log.read_text().splitlines()[-1] == "all words once, in order", log.read_text()[-300:]

@@ -17,7 +17,7 @@ import sys
 import threading
 
 import pytest
-from job_helpers import assert_counted_once, gpucr, numbers, ranks_count_on, output_of, wait_for
+from job_helpers import assert_counted_once, gpucr, numbers, output_of, ranks_count_on, wait_for
 from shim_helpers import build_shim, gpucr_cli
 from shim_helpers import wait_for as wait_for_path
 

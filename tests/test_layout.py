@@ -41,7 +41,8 @@ def test_every_module_imports():
     import gpucr_hpc
     names = [m.name for m in pkgutil.walk_packages(gpucr_hpc.__path__, "gpucr_hpc.") if not m.name.endswith("__main__")]
     assert len(names) > 30
-    out = subprocess.run([sys.executable, "-c", "import importlib, sys\nfor n in sys.argv[1:]: importlib.import_module(n)", *names],
+    out = subprocess.run([sys.executable, "-c",
+                          "import importlib, sys\nfor n in sys.argv[1:]: importlib.import_module(n)", *names],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
 

@@ -126,11 +126,11 @@ def test_ordinary_users_job_is_restored_again_and_again(slurm_cluster, users, jo
     for n in (1, 2, 3):
         pre = gpucr_as(a, "preempt", jobid, env=slurm_cluster.env)
         assert pre.returncode == 0, (n, pre.stderr, slurm_cluster.restore_log(jobid))
-        wait_for(lambda: slurm_cluster.job(jobid).get("Restarts") == str(n)
+        wait_for(lambda n=n: slurm_cluster.job(jobid).get("Restarts") == str(n)
                  and slurm_cluster.job(jobid).get("JobState") == "RUNNING", timeout=120,
                  what=f"restore {n}", detail=lambda: (slurm_cluster.job(jobid), slurm_cluster.restore_log(jobid)))
         at = len(numbers(log))
-        wait_for(lambda: len(numbers(log)) > at + 5, what=f"counting after restore {n}",
+        wait_for(lambda at=at: len(numbers(log)) > at + 5, what=f"counting after restore {n}",
                  detail=lambda: (out.read_text(), slurm_cluster.restore_log(jobid)))
     info = slurm_cluster.wait_state(jobid, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=180)
     text = out.read_text()

@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
-COUNTER = "import sys, time\nfor i in range(int(sys.argv[2])):\n    open(sys.argv[1], 'a').write(f'{i}\\n'); time.sleep(0.05)\n"
+COUNTER = ("import sys, time\nfor i in range(int(sys.argv[2])):\n"
+           "    open(sys.argv[1], 'a').write(f'{i}\\n'); time.sleep(0.05)\n")
 
 
 def counting_job(cluster, workdir, name, steps):

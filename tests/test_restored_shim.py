@@ -65,7 +65,8 @@ def test_process_restored_in_a_new_pid_namespace_is_checkpointed_through_its_shi
         cp = json.loads(cli(env, "checkpoint", "--pid", str(restored), "--json").stdout)
         root = next(p for p in cp["processes"] if p["pid"] == restored)
         assert root["shim"], cp  # reached through its shim, not around it
-        states = [r["state"] for r in json.loads(cli(env, "status", "--json").stdout)["processes"] if r["pid"] == proc.pid]
+        states = [r["state"] for r in json.loads(cli(env, "status", "--json").stdout)["processes"]
+                  if r["pid"] == proc.pid]
         assert states == ["checkpointed"]
         n = len(lines(out))
         cli(env, "restore", "--pid", str(restored))

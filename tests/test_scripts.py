@@ -35,7 +35,7 @@ def world_readable_copy():
 
 
 def one_line_error(out, prefix):
-    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode != 0
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith(prefix), lines[0]

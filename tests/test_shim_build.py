@@ -103,7 +103,9 @@ def test_not_linked_against_libcuda_and_exports_hooks():
 
 def test_harmless_in_cpu_programs(tmp_path):
     env = shim_env(tmp_path / "run")
-    script = "import os, subprocess; print(subprocess.run(['sh', '-c', 'echo $((6*7))'], capture_output=True, text=True).stdout.strip()); print('libcuda' in open('/proc/self/maps').read())"
+    script = ("import os, subprocess; "
+              "print(subprocess.run(['sh', '-c', 'echo $((6*7))'], capture_output=True, text=True).stdout.strip()); "
+              "print('libcuda' in open('/proc/self/maps').read())")
     plain = subprocess.run(["python3", "-c", script], capture_output=True, text=True)
     shimmed = subprocess.run(["python3", "-c", script], capture_output=True, text=True, env=env)
     assert shimmed.returncode == 0, shimmed.stderr
@@ -163,7 +165,8 @@ def test_driver_calls_without_a_driver_fail_cleanly(tmp_path):
         pass
     env = shim_env(tmp_path / "run")
     code = ("import ctypes; lib = ctypes.CDLL(None); p = ctypes.c_uint64(); "
-            "print(lib.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 20)), lib.cuLaunchKernel_ptsz(*([None] * 11)))")
+            "print(lib.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 20)), "
+            "lib.cuLaunchKernel_ptsz(*([None] * 11)))")
     r = subprocess.run(["python3", "-c", code], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["3", "3"]

@@ -136,7 +136,8 @@ def test_socket_recreated_after_fork(tmp_path):
 
 def test_socket_survives_exec(tmp_path):
     run = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-c", "import os, time; time.sleep(0.3); os.execvp('sleep', ['sleep', '60'])"],
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import os, time; time.sleep(0.3); os.execvp('sleep', ['sleep', '60'])"],
                          env=shim_env(run))
     try:
         sock = run / f"{p.pid}.sock"

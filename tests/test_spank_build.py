@@ -60,7 +60,7 @@ def test_exports_only_spank_hooks_and_plugin_symbols(src):
 def test_missing_headers_one_clear_line(src, tmp_path):
     res = make(src, f"SLURM_INCLUDE={tmp_path / 'nowhere'}")
     assert res.returncode != 0
-    lines = [l for l in res.stderr.splitlines() if not l.startswith("make")]
+    lines = [ln for ln in res.stderr.splitlines() if not ln.startswith("make")]
     assert len(lines) == 1 and "slurm/spank.h not found" in lines[0], res.stderr
     assert "libslurm-dev" in lines[0]
 
@@ -70,8 +70,12 @@ HARNESS = r'''
 #include <string.h>
 #include "task_env.h"
 /* stubs: the functions under test do not call Slurm */
-spank_err_t spank_getenv(spank_t s, const char *v, char *b, int l) { (void)s; (void)v; (void)b; (void)l; return ESPANK_ERROR; }
-spank_err_t spank_setenv(spank_t s, const char *v, const char *x, int o) { (void)s; (void)v; (void)x; (void)o; return ESPANK_ERROR; }
+spank_err_t spank_getenv(spank_t s, const char *v, char *b, int l) {
+    (void)s; (void)v; (void)b; (void)l; return ESPANK_ERROR;
+}
+spank_err_t spank_setenv(spank_t s, const char *v, const char *x, int o) {
+    (void)s; (void)v; (void)x; (void)o; return ESPANK_ERROR;
+}
 spank_err_t spank_unsetenv(spank_t s, const char *v) { (void)s; (void)v; return ESPANK_ERROR; }
 const char *spank_strerror(spank_err_t e) { (void)e; return ""; }
 void slurm_error(const char *f, ...) { (void)f; }

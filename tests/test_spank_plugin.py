@@ -91,7 +91,8 @@ class Spank:
                 "arena": str(self.root / "nodes" / "%n" / "arena"),
                 "gpu_feature": "gpu_nvidia", **self.installed}
         args.update(override)
-        return "%s %s %s\n" % (self.keyword, self.plugin, " ".join(f"{k}={v}" for k, v in args.items()))
+        options = " ".join(f"{k}={v}" for k, v in args.items())
+        return f"{self.keyword} {self.plugin} {options}\n"
 
     def configure(self, text):
         self.plugstack.write_text(text)
@@ -488,7 +489,7 @@ def test_batch_script_runs_under_the_supervisor(spank):
         'for i in $(seq 100); do sleep 0.1; done; echo "no signal"\n',
         "--gpucr=on", "-N1")
     assert "leak:" not in out, out
-    pid = next(l.split("=")[1] for l in out.splitlines() if l.startswith("pid="))
+    pid = next(ln.split("=")[1] for ln in out.splitlines() if ln.startswith("pid="))
     assert f"pid={pid}" in out.splitlines()[1:], out   # the registry names the script
     assert "got USR1" in out and "no signal" not in out, out
     assert rc == 7, out
