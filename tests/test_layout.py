@@ -132,3 +132,16 @@ def test_click_only_in_cli():
     outside = [str(p.relative_to(root)) for p in root.rglob("*.py")
                if "cli" not in p.relative_to(root).parts and "import click" in p.read_text()]
     assert outside == []
+
+
+def test_settings_are_parameters_not_our_own_environment():
+    """Nothing of ours changes its own process's environment to reach code it calls
+    (the run dir went through os.environ once): a value is passed as a parameter."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "gpucr_hpc"
+    writes = [f"{p.relative_to(root)}:{n}" for p in root.rglob("*.py")
+              for n, line in enumerate(p.read_text().splitlines(), 1)
+              if re.search(r"os\.environ\[[^]]+\]\s*=[^=]|os\.environ\.(update|setdefault)\(|os\.putenv\(", line)]
+    assert writes == []

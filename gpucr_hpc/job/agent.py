@@ -73,15 +73,16 @@ def stdio_of(pid: int) -> dict[str, str]:
     return out
 
 
-def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], stay_yielded: bool = False,
+def checkpoint_unit(unit: Unit, gen_dir: Path, outputs: list[str], run_dir: Path, stay_yielded: bool = False,
                     tcp: dict | None = None, nccl: int = 0, stage: Path | None = None) -> dict:
-    """tcp: the unit's TCP connections as the cut found them ("lock": who locks them;
+    """run_dir: where the job's shims on this node have their sockets; tcp: the
+    unit's TCP connections as the cut found them ("lock": who locks them;
     "ends", "peers": what a restore elsewhere needs to move them); nccl: its NCCL
     ranks, whose communicators a restore rebuilds; stage: the generation's folder in
     node memory, where the unit's image goes instead (staging.py)."""
     image_dir = (stage or gen_dir) / unit.name
     rep = process_image.checkpoint_to(unit.pid, image_dir, leave_running=True, stay_yielded=stay_yielded,
-                                      tcp_lock=(tcp or {}).get("lock"), checksums=stage is None,
+                                      run_dir=run_dir, tcp_lock=(tcp or {}).get("lock"), checksums=stage is None,
                                       on_phase=lambda phase, n: progress.emit(unit.node, unit.name, phase, n))
     progress.emit(unit.node, unit.name, "done", rep["bytes"])
     saved, script = {}, None
@@ -142,8 +143,7 @@ def survey(job: dict) -> tuple[Path, list[Unit]]:
     """This node's run dir and units, each one checkpointable."""
     site = load_site()
     node = node_name()
-    run_dir = site.job_run_dir(job["id"], node)
-    os.environ["GPUCR_RUN_DIR"] = str(run_dir)  # where the job's shims have their sockets
+    run_dir = site.job_run_dir(job["id"], node)  # where the job's shims have their sockets
     units = local_units(run_dir, node)
     for u in units:
         mpi = mpi_process(criu_mod.process_tree(u.pid))
@@ -191,7 +191,7 @@ def prepare(job: dict, gen_dir: Path, units: list[Unit], run_dir: Path,
     trees = {u.name: criu_mod.process_tree(u.pid) for u in units}
     stages = stage_units(job, gen_dir, units, trees) if stay_yielded else {}
     with ThreadPoolExecutor(max_workers=max(1, len(units))) as ex:
-        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, stay_yielded, tcp.get(u.name),
+        futures = [ex.submit(checkpoint_unit, u, gen_dir, outputs, run_dir, stay_yielded, tcp.get(u.name),
                              len(set(nccl or []) & set(trees[u.name])), stages.get(u.name))
                    for u in units]
         done, errors = [], []
@@ -408,7 +408,6 @@ def _in_place(comm, job: dict, action: str) -> dict:
 
     node = node_name()
     run_dir = _run_dir(job)
-    os.environ["GPUCR_RUN_DIR"] = str(run_dir)
     t0 = time.monotonic()
     done, errors = [], []
     units = local_units(run_dir, node)
