@@ -5,8 +5,6 @@ The logic is in coordinator.py; this is the click surface and the output.
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from gpucr_hpc import units
 from gpucr_hpc.cli import job_id, output
 from gpucr_hpc.cli.operator_door import through_door_if_not_mine
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import coordinator, events, generations, retention
+from gpucr_hpc.job import coordinator, events, generations, listing, retention
 from gpucr_hpc.job import dirs as job_dirs
 from gpucr_hpc.slurm.site import load_site
 
@@ -97,76 +95,6 @@ def drain(jobid):
                          "see `gpucr-hpc status JOBID`; the job restores from its previous checkpoint")
 
 
-def job_rows(jobid: str | None = None) -> list[dict]:
-    site = load_site()
-    root = Path(site.imageroot)
-    if jobid:
-        job_dir = site.job_image_dir(jobid)
-        dirs = [job_dir] if _mine(job_dir, jobid) else []
-    elif root.is_dir():
-        # Other users' jobs are theirs alone: listed only for root.
-        dirs = sorted((p for p in root.iterdir() if p.name.isdigit() and _mine(p)),
-                      key=lambda p: int(p.name))
-    else:
-        dirs = []
-    rows = []
-    for job_dir in dirs:
-        try:
-            rows += _generation_rows(job_dir)
-        except OSError as e:
-            raise GpucrError(f"cannot read the checkpoints of job {job_dir.name}: "
-                             f"{e.strerror} ({e.filename})", "only the job's owner or root can read them")
-    return rows
-
-
-def _generation_rows(job_dir: Path) -> list[dict]:
-    rows = []
-    latest = generations.read_pointer(job_dir, generations.LATEST)
-    current = generations.current_submission(job_dir)
-    for _, path, committed in generations.generations(job_dir):
-        row = {"job": job_dir.name, "generation": path.name, "committed": committed,
-               "latest": path == latest, "path": str(path), "staged": generations.is_staged(path)}
-        failed = generations.drain_failure(path)
-        if failed:
-            row["drain_failed"] = failed
-        if committed or row["staged"]:
-            try:
-                m = generations.manifest_of(path)
-                row.update(bytes=m.get("total_bytes", 0), nodes=m.get("nodes", []),
-                           units=sorted(m.get("units", {})), created=m.get("created"),
-                           submission=m.get("submission"),
-                           # an earlier job that had this id: kept, never restored for this one
-                           other_submission=m.get("submission") != current)
-            except GpucrError as e:
-                row.update(error=e.one_line())
-            except OSError as e:  # unreadable: shown as damaged, like a bad checksum
-                row.update(error=f"cannot read {e.filename}: {e.strerror}")
-        rows.append(row)
-    return rows
-
-
-def _mine(job_dir: Path, jobid: str | None = None) -> bool:
-    """Whether this user may list the job's checkpoints: its owner and root may,
-    whatever the mode; another user gets one line (jobid given) or nothing."""
-    try:
-        st = job_dir.lstat()
-    except FileNotFoundError:
-        return False
-    except OSError as e:
-        raise GpucrError(f"cannot read {job_dir}: {e.strerror}", "check the image root's permissions") from e
-    me = os.geteuid()
-    if not stat.S_ISDIR(st.st_mode):  # a symlink planted in the image root is never followed
-        if jobid is None:
-            return False
-        raise GpucrError(f"{job_dir} is not a directory", job_dirs.NOT_OURS_FIX)
-    if me == 0 or (st.st_uid == me and os.access(job_dir, os.R_OK | os.X_OK)):
-        return True
-    if jobid is None:
-        return False
-    raise GpucrError(f"the checkpoints of job {jobid} belong to uid {st.st_uid}, you are uid {me}",
-                     "only the job's owner or root can read them")
-
-
 def generation_state(r: dict) -> str:
     if r.get("error"):
         return "damaged"
@@ -190,7 +118,7 @@ def generation_cells(r: dict) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print the generations as JSON.")
 def ls(jobid, as_json):
     """List the checkpoints in the image store: jobs, generations, sizes, nodes."""
-    rows = job_rows(jobid)
+    rows = listing.job_rows(jobid)
     job_dir = load_site().job_image_dir(jobid) if jobid else None
     if job_dir is not None and not job_dir.exists():  # not a --gpucr=on job of this store
         raise GpucrError(f"the image store has no job {jobid} ({job_dir})",
@@ -290,7 +218,7 @@ def job_status(jobid: str) -> dict:
         slurm.check_access(job, "only the job's owner or root can see its checkpoints")
     out: dict = {"job": jobid, "known_to_slurm": job is not None, "state": None, "user": None, "nodes": [],
                  "partition": None, "restarts": None, "reason": None, "note": None,
-                 "generations": job_rows(jobid)}
+                 "generations": listing.job_rows(jobid)}
     if job is not None:
         out.update(state=job.state, user=job.user, nodes=job.nodes, partition=job.partition,
                    restarts=job.restart_count, reason=job.raw.get("Reason", ""))
