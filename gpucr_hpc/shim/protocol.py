@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Requests (the shim's commands; shim/control.c's table and gpucr.h's
-# GPUCR_NCCL_COMMANDS list the same, tests/test_shim_protocol.py checks it).
+# Requests (the shim's commands; shim/control.c's table and the NCCL command
+# list in gpucr.h name the same; tests/test_shim_protocol.py checks it).
 STATUS = "status"
 PING = "ping"
 CHECKPOINT = "checkpoint"          # quiesce, copy the GPU data to the arena, yield the GPU memory
