@@ -80,7 +80,7 @@ static int prealloc_valid(const char *v)
 }
 
 /* stage_cap=N% (of the staging file system) or a size: digits with an optional
- * . part and one of K M G T, or bytes (as gpucr_hpc/job/staging.py reads it). */
+ * . part and one of K M G T, or bytes (as gpucr_hpc/job/storage/staging.py reads it). */
 static int stage_cap_valid(const char *v)
 {
 	char *end;

@@ -99,7 +99,7 @@ def crafted(gen: Path, user, owner_uid, script: str | None = "#!/bin/sh\nid -u >
 def test_a_forgotten_job_is_never_submitted_as_anyone_but_its_directorys_owner(forgotten_job, users, owner_uid):
     """The user's own manifest names root (or nobody, or another user) as the owner:
     root's `restore JOBID` must not submit the user's script as that uid."""
-    from gpucr_hpc.job import coordinator
+    from gpucr_hpc.job.checkpoint import coordinator
 
     user, gen = forgotten_job
     crafted(gen, user, users[1].pw_uid if owner_uid == "other" else owner_uid)
@@ -110,7 +110,7 @@ def test_a_forgotten_job_is_never_submitted_as_anyone_but_its_directorys_owner(f
 
 def test_a_forgotten_jobs_script_is_read_as_its_user(forgotten_job, secret):
     """The script's copy is a link to a root-only file: root never reads it for them."""
-    from gpucr_hpc.job import coordinator
+    from gpucr_hpc.job.checkpoint import coordinator
 
     user, gen = forgotten_job
     crafted(gen, user, user.pw_uid, script=None)

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from gpucr_hpc.job import batch_supervisor
+from gpucr_hpc.job.restore import batch_supervisor
 from gpucr_hpc.store import manifest as mf
 
 SCONTROL = """#!/bin/sh
@@ -71,7 +71,7 @@ def test_job_that_cannot_be_requeued_is_not_checkpointed(site, capsys):
 
 SUPERVISED = """
 import signal, subprocess, sys
-from gpucr_hpc.job import batch_supervisor
+from gpucr_hpc.job.restore import batch_supervisor
 waited = batch_supervisor.FORWARDED | {signal.SIGCHLD}
 signal.pthread_sigmask(signal.SIG_BLOCK, waited)
 script = subprocess.Popen(

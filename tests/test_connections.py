@@ -1,4 +1,4 @@
-"""Which of a job's TCP connections stay inside it (gpucr_hpc.job.connections).
+"""Which of a job's TCP connections stay inside it (gpucr_hpc.job.connections.connections).
 
 Real processes with real sockets stand for a job's units: a server rank and a
 client rank connected to each other, a rank whose two ends are both its own,
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from gpucr_hpc.criu import run as criu_mod
-from gpucr_hpc.job import connections
+from gpucr_hpc.job.connections import connections
 
 SERVER = r"""
 import socket, sys, time

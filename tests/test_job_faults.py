@@ -53,7 +53,7 @@ def still_counting(cluster, jobid, logs):
 
 
 def agent_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "gpucr_hpc.job.agent checkpoint"], capture_output=True, text=True)
+    out = subprocess.run(["pgrep", "-f", "gpucr_hpc.job.checkpoint.agent checkpoint"], capture_output=True, text=True)
     return [int(x) for x in out.stdout.split()]
 
 
@@ -331,7 +331,7 @@ def test_restore_step_of_an_earlier_restart_restores_nothing(slurm_cluster, work
     job at restart 0: it restores nothing, holds nothing, and says why."""
     script = workdir / "job.sh"
     script.write_text(f"""#!/bin/bash
-SLURM_RESTART_COUNT=3 srun --ntasks=1 {sys.executable} -m gpucr_hpc.job.rank_restore --gen-dir {workdir}/gen-1
+SLURM_RESTART_COUNT=3 srun --ntasks=1 {sys.executable} -m gpucr_hpc.job.restore.rank_restore --gen-dir {workdir}/gen-1
 echo "srun rc=$?"
 """)
     jobid = slurm_cluster.sbatch(script, "-N1", "--ntasks=1", "-o", str(workdir / "job.out"))

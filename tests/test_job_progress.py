@@ -1,4 +1,4 @@
-"""Progress of a job command on its nodes (job/progress.py): the agents' lines
+"""Progress of a job command on its nodes (job/checkpoint/progress.py): the agents' lines
 reach the listener while the agents still run, a terminal shows one line per
 node with its phases and bytes, and the agents' result is read as before."""
 
@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import Progress, TextColumn
 
 from gpucr_hpc.cli.output import NodeProgress
-from gpucr_hpc.job import coordinator, progress
+from gpucr_hpc.job.checkpoint import coordinator, progress
 
 AGENTS = """
 import json, sys, time

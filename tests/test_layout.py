@@ -148,3 +148,25 @@ def test_settings_are_parameters_not_our_own_environment():
               if re.search(r"os\.environ\[[\"']GPUCR_\w*[\"']\]\s*=[^=]|os\.environ\.setdefault\([\"']GPUCR_"
                            r"|os\.putenv\([\"']GPUCR_|os\.environ\.update\(.*GPUCR_", line)]
     assert writes == []
+
+
+def test_the_architecture_page_names_every_folder_and_module():
+    """The package table of the architecture page is read to find code: every
+    folder of the package is a row, and every module is named in its folder's row."""
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    page = (repo / "site" / "docs" / "architecture.md").read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_/]+/)` \| (.*) \|$", page, re.M)}
+    root = repo / "gpucr_hpc"
+    missing = []
+    for d in sorted(p for p in root.rglob("*") if p.is_dir() and (p / "__init__.py").exists() and p != root):
+        folder = f"{d.relative_to(root)}/"
+        if folder not in rows:
+            missing.append(folder)
+            continue
+        named = set(re.findall(r"`([a-z_]+)`", rows[folder]))
+        missing += [f"{folder}{p.stem}" for p in d.glob("*.py")
+                    if p.stem not in ("__init__", "__main__") and p.stem not in named]
+    assert missing == []

@@ -1,4 +1,4 @@
-"""`gpucr-hpc prune` (gpucr_hpc.job.retention): old generations go, what a restore
+"""`gpucr-hpc prune` (gpucr_hpc.job.storage.retention): old generations go, what a restore
 reads never does, nor a job a command is acting on.
 
 Generations are made as checkpoints make them (new_generation, commit_generation);
@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-from gpucr_hpc.job import generations, retention
+from gpucr_hpc.job import generations
 from gpucr_hpc.job import lock as job_lock
+from gpucr_hpc.job.storage import retention
 from gpucr_hpc.store import manifest as mf
 
 SUB = "cl:0:token-a"

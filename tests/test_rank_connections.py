@@ -1,4 +1,4 @@
-"""Where a restored rank's TCP ends go (gpucr_hpc.job.rank_connections).
+"""Where a restored rank's TCP ends go (gpucr_hpc.job.connections.rank_connections).
 
 Pure decisions from the manifest's record and the restore step's layout: node
 names here are addresses, so resolving them needs no name service.
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import rank_connections as rc
+from gpucr_hpc.job.connections import rank_connections as rc
 
 RANKS = [
     {"name": "rank-0.0", "rank": 0, "tcp": {

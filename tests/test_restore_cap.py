@@ -1,12 +1,12 @@
 """A job that fails right after each restore is held instead of looping
-(job/restore_cap.py)."""
+(job/restore/restore_cap.py)."""
 
 import json
 
 import pytest
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import restore_cap
+from gpucr_hpc.job.restore import restore_cap
 
 
 def test_the_same_generation_is_restored_at_most_cap_times_in_a_row(tmp_path):

@@ -1,5 +1,5 @@
 """The staging tier without Slurm: what a site's stage_cap= allows, and a node's
-drain of a staged generation (gpucr_hpc.job.drain) on real image files: the
+drain of a staged generation (gpucr_hpc.job.storage.drain) on real image files: the
 generation committed once every node holding units of it has drained, or,
 when a drain fails, the reason recorded and the previous committed generation
 the one a start restores (generations.await_drain)."""
@@ -19,8 +19,10 @@ import pytest
 
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import batch_restore, drain, events, generations, staging, unit_source
+from gpucr_hpc.job import events, generations
 from gpucr_hpc.job import lock as job_lock
+from gpucr_hpc.job.restore import batch_restore, unit_source
+from gpucr_hpc.job.storage import drain, staging
 from gpucr_hpc.slurm.site import load_site
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
@@ -207,7 +209,7 @@ def test_a_start_waits_for_a_drain_no_longer_than_it_is_told(site):
 
 
 def test_a_staged_generation_is_kept_by_prune(site):
-    from gpucr_hpc.job import retention
+    from gpucr_hpc.job.storage import retention
 
     gen = job_generation(site, "11", 1, {"rank-0.0": "n1"})
     actions = retention.prune_job(gen.parent, keep=1, states=None, dry_run=False)

@@ -15,8 +15,10 @@ from gpucr_hpc import units
 from gpucr_hpc.cli import job_id, output
 from gpucr_hpc.cli.operator_door import through_door_if_not_mine
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import coordinator, events, generations, listing, retention
 from gpucr_hpc.job import dirs as job_dirs
+from gpucr_hpc.job import events, generations, listing
+from gpucr_hpc.job.checkpoint import coordinator
+from gpucr_hpc.job.storage import retention
 from gpucr_hpc.slurm.site import load_site
 
 
@@ -87,7 +89,7 @@ def preempt(jobid, as_json):
 def drain(jobid):
     """Drain the job's staged checkpoints on this node to the image root (the job
     epilog runs this, as the job's user, once the job has ended on the node)."""
-    from gpucr_hpc.job import drain as job_drain
+    from gpucr_hpc.job.storage import drain as job_drain
 
     errors = job_drain.drain_job(jobid)
     if errors:

@@ -44,7 +44,7 @@ cli.add_command(cmd_doctor.doctor)
 def main():
     if config.value("GPUCR_BATCH_SUPERVISE"):
         # The batch step's task of a --gpucr=on job (spank/restart.c).
-        from gpucr_hpc.job import batch_supervisor
+        from gpucr_hpc.job.restore import batch_supervisor
 
         sys.exit(batch_supervisor.main())
     try:

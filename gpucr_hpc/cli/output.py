@@ -71,7 +71,7 @@ def working(what: str):
 def _spinner(what: str):
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from gpucr_hpc.job import progress as job_progress
+    from gpucr_hpc.job.checkpoint import progress as job_progress
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.fields[moved]}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
@@ -83,7 +83,7 @@ def _spinner(what: str):
 
 class NodeProgress:
     """One line per node of a job command: its units' phases and the bytes moved
-    so far, as the node agents tell them (job/progress.py)."""
+    so far, as the node agents tell them (job/checkpoint/progress.py)."""
 
     def __init__(self, bar):
         self.bar = bar

@@ -226,7 +226,7 @@ def small_pages_note(path: Path) -> str:
 def stage(site) -> Check:
     """The staging tier (plugstack stage=): node memory, root's; the plugin makes each
     job's <stage>/<jobid> in it for the job's user (spank/imagedir.c)."""
-    from gpucr_hpc.job import staging
+    from gpucr_hpc.job.storage import staging
     from gpucr_hpc.slurm.site import expand
 
     if not site.stage:
@@ -370,7 +370,7 @@ def gpu_feature(site) -> Check:
 
 
 def mpi4py_loads() -> Check:
-    """A multi-node job's node agents talk through mpi4py (job/agent.py), over the MPI
+    """A multi-node job's node agents talk through mpi4py (job/checkpoint/agent.py), over the MPI
     library it was built with: both must load here (without starting MPI)."""
     prog = ("import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
             "print(mpi4py.__version__, MPI.Get_library_version().split(',')[0].strip(' \\0\\n'))")
@@ -401,7 +401,7 @@ def pmix_types(mpi_list: str) -> list[str]:
 
 
 def srun_pmix() -> Check:
-    """A multi-node job's agents start as one step with srun --mpi=pmix (job/coordinator.py)."""
+    """A multi-node job's agents start as one step with srun --mpi=pmix (job/checkpoint/coordinator.py)."""
     srun = shutil.which("srun")
     if not srun:
         return Check("srun --mpi=pmix", None, "no srun here (Slurm's client commands are not on PATH)")

@@ -25,7 +25,7 @@
 A generation is complete only with COMMITTED. A preemption on a site with a
 staging tier (plugstack.conf stage=) writes its units into node memory, marks
 the generation STAGED and points LATEST at it, so the job can end at once; the
-drain (job/drain.py, started by the job epilog on each such node) copies them
+drain (job/storage/drain.py, started by the job epilog on each such node) copies them
 to the image root and writes COMMITTED. A start that finds LATEST staged waits
 for that (await_drain). A node Slurm reports down whose drain has stopped
 has lost its units with its memory: the wait ends with the generation's drain

@@ -1,7 +1,7 @@
 """The node agent: one per node of a job, started inside the job's allocation.
 
     srun --jobid=J --overlap --ntasks-per-node=1 --mpi=pmix \
-        python -m gpucr_hpc.job.agent checkpoint --job J --gen-dir DIR
+        python -m gpucr_hpc.job.checkpoint.agent checkpoint --job J --gen-dir DIR
 
 The agents form an MPI world (a one-node job's single agent needs none) and
 run the two-phase checkpoint:
@@ -38,8 +38,11 @@ from gpucr_hpc import config
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
-from gpucr_hpc.job import connections, generations, nccl_ranks, progress, staging
-from gpucr_hpc.job.connections import Socket
+from gpucr_hpc.job import generations, nccl_ranks
+from gpucr_hpc.job.checkpoint import progress
+from gpucr_hpc.job.connections import connections
+from gpucr_hpc.job.connections.connections import Socket
+from gpucr_hpc.job.storage import staging
 from gpucr_hpc.job.units import Unit, local_units, mpi_process
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.slurm.site import load_site, node_name
@@ -368,7 +371,7 @@ def _vote_and_commit(comm, MIN, job: dict, gen_dir: Path, rep: dict, nccl: list[
         if yes:
             try:
                 m = job_manifest(job, gen_dir, reports)
-                if generations.staged_nodes(m):  # durable once drained (job/drain.py)
+                if generations.staged_nodes(m):  # durable once drained (job/storage/drain.py)
                     generations.stage_generation(gen_dir, m)
                 else:
                     generations.commit_generation(gen_dir, m)
@@ -496,7 +499,7 @@ def _in_place_result(reports: list[dict], ok: bool) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gpucr_hpc.job.agent")
+    p = argparse.ArgumentParser(prog="gpucr_hpc.job.checkpoint.agent")
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("checkpoint")
     c.add_argument("--job-json", required=True)

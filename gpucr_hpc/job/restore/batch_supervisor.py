@@ -5,7 +5,7 @@ and sets GPUCR_BATCH_SUPERVISE=1. The supervisor
 
 1. starts the script as its child, or, for a requeued job with a committed
    checkpoint, restores the script's tree and the running step's ranks
-   (job/batch_restore.py); a job checkpointed before whose checkpoint is gone
+   (job/restore/batch_restore.py); a job checkpointed before whose checkpoint is gone
    (generations.lost) is held with the reason, never run from the top;
 2. records the script's pid in the task registry, so that node agents
    checkpoint the script's tree, never this process;
@@ -34,7 +34,9 @@ from contextlib import ExitStack
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import batch_restore, coordinator, events, generations
+from gpucr_hpc.job import events, generations
+from gpucr_hpc.job.checkpoint import coordinator
+from gpucr_hpc.job.restore import batch_restore
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.signals import TASK_SIGNALS
 from gpucr_hpc.slurm.site import load_site

@@ -1,6 +1,6 @@
 """Where a restore reads a unit's image from: node memory or the image root.
 
-A generation a preemption staged (job/staging.py) can be restored before its
+A generation a preemption staged (job/storage/staging.py) can be restored before its
 drain ends. A unit restored on the node that staged it reads its image from
 that node's memory, under a shared lock that keeps the drain from removing it
 meanwhile; its files are checked by size, as their checksums are made by the
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import generations, staging
+from gpucr_hpc.job import generations
+from gpucr_hpc.job.storage import staging
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import files as image_store

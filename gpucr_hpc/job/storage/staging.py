@@ -15,7 +15,7 @@ and removes it when the job has ended there and its drain is done
 is there, a directory (not a link), its own (this process's euid) and
 writable by no one else (usable()); else its units go to the image root.
 
-A restore on the node that staged a unit reads it there (job/unit_source.py)
+A restore on the node that staged a unit reads it there (job/restore/unit_source.py)
 under a shared flock of <stage>/<jobid>/gen-N; the drain takes it exclusively
 before it removes the folder, so node memory is never pulled from under a
 restore that reads it.

@@ -20,9 +20,10 @@ from gpucr_hpc import config, procfs
 from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import generations, nccl_ranks, rank_connections
-from gpucr_hpc.job.batch_restore import RANKS_BACK, give_up, log, open_log, rank_back, ranks_of, restore_unit
-from gpucr_hpc.job.batch_restore import say as kept_say
+from gpucr_hpc.job import generations, nccl_ranks
+from gpucr_hpc.job.connections import rank_connections
+from gpucr_hpc.job.restore.batch_restore import RANKS_BACK, give_up, log, open_log, rank_back, ranks_of, restore_unit
+from gpucr_hpc.job.restore.batch_restore import say as kept_say
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS
 from gpucr_hpc.slurm.site import load_site
@@ -86,7 +87,7 @@ def say(msg: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="gpucr_hpc.job.rank_restore")
+    p = argparse.ArgumentParser(prog="gpucr_hpc.job.restore.rank_restore")
     p.add_argument("--gen-dir", required=True)
     p.add_argument("--unchecked", action="store_true",
                    help="the batch restore began before the drain: check this rank's image here")

@@ -9,7 +9,7 @@ on the node, the plugin's epilog starts this, outside the job: every staged
 unit is drained to the image root (store/drain.py: checked against its
 checksums, durable), this node's drained/ mark is written, and the node that
 drains last commits the generation (generations.finish_drain). A restore of the job on this node
-reads the staged copies meanwhile (job/unit_source.py); they go once it is done.
+reads the staged copies meanwhile (job/restore/unit_source.py); they go once it is done.
 The drain is the job's user (spank/drain_spawn.c), never root: it works only
 in the user's own directories, <stage>/<jobid> and <image root>/<jobid>, and
 refuses a staging dir that is not its own (root included), so what it reads
@@ -36,9 +36,11 @@ from pathlib import Path
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import batch_restore, events, generations, staging
 from gpucr_hpc.job import dirs as job_dirs
+from gpucr_hpc.job import events, generations
 from gpucr_hpc.job import lock as job_lock
+from gpucr_hpc.job.restore import batch_restore
+from gpucr_hpc.job.storage import staging
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import drain as store_drain
 from gpucr_hpc.store import manifest as mf

@@ -4,7 +4,7 @@ When a `--gpucr=on` job starts and its own submission has a committed
 checkpoint (whatever its restart count; generations.start_target), or it was
 submitted again from one (GPUCR_RESTORE_FROM), the plugin sets
 GPUCR_RESTORE_BATCH=1 and the
-batch supervisor (job/batch_supervisor.py) calls this instead of starting the
+batch supervisor (job/restore/batch_supervisor.py) calls this instead of starting the
 script (the original script's path is in GPUCR_BATCH_SCRIPT).
 
 1. put the job's output files back as they were at the checkpoint (the new
@@ -39,8 +39,10 @@ from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import generations, nccl_ranks, rank_connections, restore_cap, unit_source
+from gpucr_hpc.job import generations, nccl_ranks
 from gpucr_hpc.job import lock as job_lock
+from gpucr_hpc.job.connections import rank_connections
+from gpucr_hpc.job.restore import restore_cap, unit_source
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.process import nccl_cut
 from gpucr_hpc.slurm import commands as slurm
@@ -303,7 +305,7 @@ def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = N
     hostfile.write_text("".join(f"{n}\n" for n in placed))
     argv = ["srun", f"--nodes={len(set(placed))}", f"--ntasks={len(ranks)}", "--gpucr=off",
             "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
-            "--distribution=arbitrary", sys.executable, "-m", "gpucr_hpc.job.rank_restore",
+            "--distribution=arbitrary", sys.executable, "-m", "gpucr_hpc.job.restore.rank_restore",
             "--gen-dir", str(gen)] + ["--unchecked"] * (not m.get(UNITS_CHECKED, False))
     # The job's submission token stays: the plugin makes the job's run dir for this
     # --gpucr=off step only in a --gpucr=on job, which the token tells.

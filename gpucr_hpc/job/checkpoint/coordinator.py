@@ -1,6 +1,6 @@
 """Job-level checkpoint, preempt and restore: what `gpucr-hpc checkpoint JOBID` runs.
 
-The work happens in the node agents (job/agent.py), one per node, started inside
+The work happens in the node agents (job/checkpoint/agent.py), one per node, started inside
 the job's own allocation; this side picks the generation, launches them and
 reads their reports.
 """
@@ -19,8 +19,9 @@ from dataclasses import asdict
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.gpu import steer as gpu_steer
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import events, generations, progress
+from gpucr_hpc.job import events, generations
 from gpucr_hpc.job import lock as job_lock
+from gpucr_hpc.job.checkpoint import progress
 from gpucr_hpc.regular_file import NOT_REGULAR, open_regular
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, require_plugin
@@ -45,7 +46,7 @@ def launch_agents(job: slurm.Job, agent_args: list[str]) -> tuple[dict | None, l
             "--mpi=pmix" if len(job.nodes) > 1 else "--mpi=none",
             # An agent that dies would leave the others waiting in the vote forever.
             "--gpucr=off", "--kill-on-bad-exit=1", "--job-name=gpucr-agent",
-            sys.executable, "-m", "gpucr_hpc.job.agent", *agent_args, "--job-json", _job_json(job)]
+            sys.executable, "-m", "gpucr_hpc.job.checkpoint.agent", *agent_args, "--job-json", _job_json(job)]
     argv = as_job_user(job, argv)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_SPANK_")}
     try:

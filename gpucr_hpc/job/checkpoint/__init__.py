@@ -1,0 +1,1 @@
+"""The job checkpoint: the coordinator, one agent per node, and their progress."""

@@ -1,0 +1,1 @@
+"""The storage tiers: staging in node memory, its drain to the image root, retention."""
