@@ -1,7 +1,9 @@
 """The documentation site: the tables of site/docs/results.md are those that
 site/results_tables.py generates from the committed bench/results/*.json, and the
 plots it shows are the committed ones. A changed result file fails here until the
-page is regenerated (python3 site/results_tables.py). The whole site builds with
+page is regenerated (python3 site/results_tables.py). The admin guide's table of
+plugstack.conf arguments is the one site/plugstack_table.py generates from the
+plugin's own table (spank/site_config.c). The whole site builds with
 `mkdocs build --strict` (skipped, with the reason, where mkdocs is not installed).
 No GPU, Slurm or CRIU needed."""
 
@@ -16,6 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TABLES = REPO / "site" / "results_tables.py"
+PLUGSTACK = REPO / "site" / "plugstack_table.py"
 
 
 def check(script: Path) -> subprocess.CompletedProcess:
@@ -56,6 +59,50 @@ def test_check_notices_a_changed_result(tmp_path):
     subprocess.run([sys.executable, str(tmp_path / "site" / "results_tables.py")], check=True, capture_output=True)
     assert "1234.50 s" in (tmp_path / "site" / "docs" / "results.md").read_text()
     assert check(tmp_path / "site" / "results_tables.py").returncode == 0
+
+
+def copy_site_and_plugin(tmp_path: Path) -> Path:
+    """A copy of site/ and of the plugin's argument table; returns the copied plugstack_table.py."""
+    shutil.copytree(REPO / "site", tmp_path / "site", ignore=shutil.ignore_patterns("site"))
+    (tmp_path / "spank").mkdir()
+    for f in ("site_config.c", "site_config.h"):
+        shutil.copy(REPO / "spank" / f, tmp_path / "spank" / f)
+    return tmp_path / "site" / "plugstack_table.py"
+
+
+def test_plugstack_table_is_current():
+    r = check(PLUGSTACK)
+    assert r.returncode == 0, r.stderr + "\nregenerate with: python3 site/plugstack_table.py"
+
+
+def test_plugstack_check_notices_a_stale_page(tmp_path):
+    """--check is not vacuous: a copy of the admin guide that lost a row is reported, and regenerated."""
+    script = copy_site_and_plugin(tmp_path)
+    assert check(script).returncode == 0
+    doc = tmp_path / "site" / "docs" / "admin.md"
+    text = doc.read_text()
+    row = next(line for line in text.splitlines(keepends=True) if line.startswith("| `stage_cap="))
+    doc.write_text(text.replace(row, ""))
+    r = check(script)
+    assert r.returncode == 1 and "site/docs/admin.md" in r.stderr, r.stderr
+    subprocess.run([sys.executable, str(script)], check=True, capture_output=True)
+    assert row in doc.read_text() and check(script).returncode == 0
+
+
+def test_plugstack_table_follows_the_plugin(tmp_path):
+    """The table comes from the plugin's keys[]: a new default there changes the page; an
+    argument the plugin parses but the generator does not describe fails the check by name."""
+    script = copy_site_and_plugin(tmp_path)
+    c = tmp_path / "spank" / "site_config.c"
+    src = c.read_text()
+    c.write_text(src.replace('#define DEFAULT_RUNDIR    "/run/gpucr"', '#define DEFAULT_RUNDIR    "/run/gpucr2"'))
+    assert check(script).returncode == 1
+    subprocess.run([sys.executable, str(script)], check=True, capture_output=True)
+    assert "| `rundir=DIR` | `/run/gpucr2` |" in (tmp_path / "site" / "docs" / "admin.md").read_text()
+    c.write_text(src.replace('{ "stage_cap",   FIELD(stage_cap),   0 },',
+                             '{ "stage_cap",   FIELD(stage_cap),   0 },\n\t{ "newarg", FIELD(vendor), 0 },'))
+    r = check(script)
+    assert r.returncode == 1 and "newarg=" in r.stderr, r.stderr
 
 
 def test_results_page_is_short():
