@@ -107,7 +107,10 @@ def known_list(c: str) -> list[str] | None:
 
 
 def cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: `|` escaped outside code spans (inside one, Python-Markdown's tables
+    read it as text, and an escape would show)."""
+    parts = " ".join(text.split()).split("`")
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def plugstack_table(spank: Path = SPANK) -> str:
