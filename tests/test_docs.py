@@ -3,7 +3,8 @@ site/results_tables.py generates from the committed bench/results/*.json, and th
 plots it shows are the committed ones. A changed result file fails here until the
 page is regenerated (python3 site/results_tables.py). The admin guide's table of
 plugstack.conf arguments is the one site/plugstack_table.py generates from the
-plugin's own table (spank/site_config.c). The whole site builds with
+plugin's own table (spank/site_config.c), and README, the quick start and the admin
+guide show one plugstack line of known arguments. The whole site builds with
 `mkdocs build --strict` (skipped, with the reason, where mkdocs is not installed).
 No GPU, Slurm or CRIU needed."""
 
@@ -103,6 +104,25 @@ def test_plugstack_table_follows_the_plugin(tmp_path):
                              '{ "stage_cap",   FIELD(stage_cap),   0 },\n\t{ "newarg", FIELD(vendor), 0 },'))
     r = check(script)
     assert r.returncode == 1 and "newarg=" in r.stderr, r.stderr
+
+
+def plugstack_lines(path: Path) -> list[str]:
+    return [line for line in path.read_text().splitlines() if line.startswith("required ") and "spank_gpucr.so" in line]
+
+
+def test_the_plugstack_line_is_one_and_valid():
+    """README, the quick start and the admin guide show the same plugstack.conf line first, and
+    every argument on a plugin line of theirs is one the plugin parses (keys[] of
+    spank/site_config.c)."""
+    sys.path.insert(0, str(REPO / "site"))
+    import plugstack_table
+
+    lines = {p: plugstack_lines(REPO / p) for p in ("README.md", "site/docs/quickstart.md", "site/docs/admin.md")}
+    assert all(lines.values()) and len({v[0] for v in lines.values()}) == 1, lines
+    known = {n for n, _, _ in plugstack_table.parse_keys((REPO / "spank" / "site_config.c").read_text())}
+    for line in (x for v in lines.values() for x in v):
+        for arg in line.split()[2:]:
+            assert arg == "..." or arg.split("=", 1)[0] in known, (arg, line)
 
 
 def test_results_page_is_short():
