@@ -86,6 +86,26 @@ def test_testcluster_up_is_idempotent(slurm_cluster):
 
 
 @needs_root
+@pytest.mark.slurm
+def test_testcluster_up_takes_over_a_cluster_that_runs_another_checkouts_code(slurm_cluster):
+    """A cluster left up by another checkout (its jobs run that tree's gpucr-hpc) is
+    restarted for this one: a CI run in a fresh clone once tested the jobs of the
+    tree a session was editing."""
+    plugstack = slurm_cluster.state / "etc" / "plugstack.conf"
+    ours = plugstack.read_text()
+    other = "/nonexistent/other-checkout/.venv/bin/gpucr-hpc"
+    try:
+        up = subprocess.run([str(SCRIPTS / "testcluster"), "up"], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, GPUCR_CLI=other))
+        assert up.returncode == 0, up.stderr
+        assert f"cli={other} " in plugstack.read_text()
+    finally:
+        back = subprocess.run([str(SCRIPTS / "testcluster"), "up"], capture_output=True, text=True, timeout=300)
+    assert back.returncode == 0, back.stderr
+    assert plugstack.read_text() == ours
+
+
+@needs_root
 def test_install_deps_second_run_does_nothing():
     out = subprocess.run([str(SCRIPTS / "install-deps")], capture_output=True, text=True,
                          timeout=600)
