@@ -68,7 +68,7 @@ def test_a_node_name_that_does_not_resolve_moves_to_its_slurm_node_address(slurm
     """Found on a GPU machine without name service: ends moved to another node
     must go where Slurm reaches that node, whether or not its name resolves."""
     addr = slurm_cluster.run("scontrol", "show", "node", "-o", "n2").stdout.split("NodeAddr=")[1].split()[0]
-    probe = ("from gpucr_hpc.job import rank_connections as rc; "
+    probe = ("from gpucr_hpc.job.connections import rank_connections as rc; "
              "print(rc.moves({'name': 'r', 'tcp': {'ends': ['10.9.9.9:5000']}}, {'r': 'n2'}))")
     out = subprocess.run([sys.executable, "-c", probe], env=slurm_cluster.env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
