@@ -59,11 +59,16 @@ def init(cu) -> None:
         raise GpucrError(f"no NVIDIA driver here: libcuda.so.1 cannot be loaded ({type(e).__name__})",
                          "run this on a node with an NVIDIA GPU and its driver")
     if int(err) != 0:
-        try:
-            name = cu.cuGetErrorName(err)[1].decode()
-        except Exception:  # noqa: BLE001 - only for the message
-            name = str(int(err))
-        raise GpucrError(f"cuInit failed: {name} ({int(err)})", "check the NVIDIA driver with nvidia-smi")
+        raise GpucrError(f"cuInit failed: {error_name(cu, err)} ({int(err)})",
+                         "check the NVIDIA driver with nvidia-smi")
+
+
+def error_name(cu, err) -> str:
+    """The driver's name of a CUresult (CUDA_ERROR_...), for a message."""
+    try:
+        return cu.cuGetErrorName(err)[1].decode()
+    except Exception:  # noqa: BLE001 - only for the message
+        return str(int(err))
 
 
 class NvidiaDriver:
@@ -77,10 +82,7 @@ class NvidiaDriver:
         err = result[0] if isinstance(result, tuple) else result
         if int(err) == 0:
             return result[1] if isinstance(result, tuple) and len(result) > 1 else None
-        try:
-            name = self.cu.cuGetErrorName(err)[1].decode()
-        except Exception:  # noqa: BLE001 - only for the message
-            name = str(err)
+        name = error_name(self.cu, err)
         who = f" of process {pid}" if pid is not None else ""
         raise GpucrError(f"{what}{who} failed: {name} ({int(err)})",
                          "see the driver's limits in the docs (managed memory, IPC, MPS are not supported)")
