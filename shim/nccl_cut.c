@@ -223,8 +223,9 @@ static char *string_member(const char *line, const char *key)
     return s;
 }
 
-static void freeze(struct jbuf *out)
+static void cmd_nccl_freeze(const char *line, long timeout_ms, struct jbuf *out)
 {
+    (void)line, (void)timeout_ms;
     pthread_mutex_lock(&gpucr_nccl_mu);
     if (cut == CUT_NONE)
         cut = CUT_FROZEN;
@@ -233,8 +234,9 @@ static void freeze(struct jbuf *out)
     reply_state(out);
 }
 
-static void targets(const char *line, struct jbuf *out)
+static void cmd_nccl_targets(const char *line, long timeout_ms, struct jbuf *out)
 {
+    (void)timeout_ms;
     char *list = string_member(line, "targets");
     if (!list)
         return reply_error(out, "bad_request", "nccl_targets needs \"targets\": \"key=count,...\"");
@@ -256,8 +258,9 @@ static void targets(const char *line, struct jbuf *out)
     reply_state(out);
 }
 
-static void park(struct jbuf *out)
+static void cmd_nccl_park(const char *line, long timeout_ms, struct jbuf *out)
 {
+    (void)line, (void)timeout_ms;
     pthread_mutex_lock(&gpucr_nccl_mu);
     int ok = settled();
     if (ok)
@@ -268,8 +271,9 @@ static void park(struct jbuf *out)
     reply_state(out);
 }
 
-static void thaw(struct jbuf *out)
+static void cmd_nccl_thaw(const char *line, long timeout_ms, struct jbuf *out)
 {
+    (void)line, (void)timeout_ms;
     pthread_mutex_lock(&gpucr_nccl_mu);
     int torn = cut == CUT_TORN_DOWN;
     if (!torn) {
@@ -305,8 +309,9 @@ static ncclComm_t *live_reals(size_t *n)
     return out;
 }
 
-static void teardown(long timeout_ms, struct jbuf *out)
+static void cmd_nccl_teardown(const char *line, long timeout_ms, struct jbuf *out)
 {
+    (void)line;
     char why[256];
     typedef ncclResult_t (*err_fn)(ncclComm_t, ncclResult_t *);
     struct gpucr_nccl_finalize_fns fns = {REAL(pncclCommFinalize, comm_fn), REAL(pncclCommAbort, comm_fn),
@@ -364,8 +369,9 @@ static void teardown(long timeout_ms, struct jbuf *out)
 }
 
 /* After a restore on another node: NCCL's host state made anew (nccl_lib.c). */
-static void reload(struct jbuf *out)
+static void cmd_nccl_reload(const char *line, long timeout_ms, struct jbuf *out)
 {
+    (void)line, (void)timeout_ms;
     char why[512];
     if (!gpucr_nccl_torn_down())
         return reply_error(out, "not_torn_down", "nccl_reload: the communicators are not torn down");
@@ -397,8 +403,9 @@ static int unhex(const char *s, unsigned char *p, size_t n)
     return 0;
 }
 
-static void ids(struct jbuf *out)
+static void cmd_nccl_ids(const char *line, long timeout_ms, struct jbuf *out)
 {
+    (void)line, (void)timeout_ms;
     typedef ncclResult_t (*fn)(ncclUniqueId *);
     fn get = REAL(pncclGetUniqueId, fn);
     if (!get)
@@ -431,8 +438,9 @@ static void ids(struct jbuf *out)
     free(list);
 }
 
-static void rebuild(const char *line, struct jbuf *out)
+static void cmd_nccl_rebuild(const char *line, long timeout_ms, struct jbuf *out)
 {
+    (void)timeout_ms;
     typedef ncclResult_t (*init_fn)(ncclComm_t *, int, ncclUniqueId, int);
     typedef ncclResult_t (*config_fn)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
     typedef ncclResult_t (*reg_fn)(ncclComm_t, void *, size_t, void **);
@@ -514,51 +522,11 @@ int gpucr_cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jb
     return r;
 }
 
-/* one handler per request of GPUCR_NCCL_COMMANDS (gpucr.h): a name without one does not build */
+/* one handler per request of GPUCR_NCCL_COMMANDS (gpucr.h), cmd_<name>: a name without one does not build */
 static void cmd_nccl_counts(const char *line, long timeout_ms, struct jbuf *out)
 {
     (void)line, (void)timeout_ms;
     reply_state(out);
-}
-static void cmd_nccl_freeze(const char *line, long timeout_ms, struct jbuf *out)
-{
-    (void)line, (void)timeout_ms;
-    freeze(out);
-}
-static void cmd_nccl_targets(const char *line, long timeout_ms, struct jbuf *out)
-{
-    (void)timeout_ms;
-    targets(line, out);
-}
-static void cmd_nccl_park(const char *line, long timeout_ms, struct jbuf *out)
-{
-    (void)line, (void)timeout_ms;
-    park(out);
-}
-static void cmd_nccl_thaw(const char *line, long timeout_ms, struct jbuf *out)
-{
-    (void)line, (void)timeout_ms;
-    thaw(out);
-}
-static void cmd_nccl_teardown(const char *line, long timeout_ms, struct jbuf *out)
-{
-    (void)line;
-    teardown(timeout_ms, out);
-}
-static void cmd_nccl_reload(const char *line, long timeout_ms, struct jbuf *out)
-{
-    (void)line, (void)timeout_ms;
-    reload(out);
-}
-static void cmd_nccl_ids(const char *line, long timeout_ms, struct jbuf *out)
-{
-    (void)line, (void)timeout_ms;
-    ids(out);
-}
-static void cmd_nccl_rebuild(const char *line, long timeout_ms, struct jbuf *out)
-{
-    (void)timeout_ms;
-    rebuild(line, out);
 }
 
 static const struct {
