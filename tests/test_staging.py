@@ -19,7 +19,7 @@ import pytest
 
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import events, generations
+from gpucr_hpc.job import events, generations, restore_log
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.job.restore import batch_restore, unit_source
 from gpucr_hpc.job.storage import drain, staging
@@ -281,19 +281,19 @@ def test_a_start_back_on_the_nodes_that_staged_the_job_does_not_wait_for_the_dra
     job_dir = gen.parent
     monkeypatch.setenv("GPUCR_SUBMISSION", SUBMISSION)
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n2")  # rank 0 back on n2
-    batch_restore.open_log(job_dir)
-    assert batch_restore.from_memory(job_dir) == gen
+    restore_log.open_log(job_dir)
+    assert unit_source.staged_start_here(job_dir) == gen
     m = batch_restore.check_generation(gen, "16")
     assert m[batch_restore.UNITS_CHECKED] is False, "its units are checked where they are read"
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n3")
-    assert batch_restore.from_memory(job_dir) is None, "rank 0 moved: the whole job waits for the drain"
+    assert unit_source.staged_start_here(job_dir) is None, "rank 0 moved: the whole job waits for the drain"
     assert "rank-0.0 restore on other nodes now" in (job_dir / "restore.log").read_text()
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n2")
     monkeypatch.setenv("SLURMD_NODENAME", "n2")
-    assert batch_restore.from_memory(job_dir) is None, "a start elsewhere waits for the drain"
+    assert unit_source.staged_start_here(job_dir) is None, "a start elsewhere waits for the drain"
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
     generations.write_pointer(job_dir, generations.RESTORE, gen, SUBMISSION)
-    assert batch_restore.from_memory(job_dir) is None, "gpucr-hpc restore --from picks a committed one"
+    assert unit_source.staged_start_here(job_dir) is None, "gpucr-hpc restore --from picks a committed one"
 
 
 def test_a_node_lost_before_its_drain_fails_the_drain_and_the_previous_generation_is_restored(site, monkeypatch):
@@ -369,7 +369,7 @@ def test_a_generation_whose_checkpoint_is_gone_loses_its_staged_copies(site):
     assert drain.drain_job("22") == []
     assert not left.exists() and (gen / mf.COMMITTED).exists()
     assert generations.read_pointer(gen.parent, generations.LATEST) == gen
-    said = (gen.parent / batch_restore.LOG_NAME).read_text()
+    said = (gen.parent / restore_log.LOG_NAME).read_text()
     assert "gen-2 was left unfinished on n1" in said
 
 

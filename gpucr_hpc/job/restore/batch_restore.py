@@ -43,6 +43,8 @@ from gpucr_hpc.job import generations, nccl_ranks
 from gpucr_hpc.job import lock as job_lock
 from gpucr_hpc.job.connections import rank_connections
 from gpucr_hpc.job.restore import restore_cap, unit_source
+from gpucr_hpc.job.restore.placement import place, ranks_of
+from gpucr_hpc.job.restore_log import log, open_log, say, say_again_after_rewind
 from gpucr_hpc.process import image as process_image
 from gpucr_hpc.process import nccl_cut
 from gpucr_hpc.slurm import commands as slurm
@@ -50,302 +52,9 @@ from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
 
-LOG_NAME = "restore.log"
 RANKS_BACK = "ranks-back"  # one file per rank restored by the running restore step
 LOCK_WAIT_S = 60.0  # a command that holds the job's lock as its next run starts
 RANKS_POLL_S = 0.2
-# gpucr's own lines in the job's output, kept to be written again after a restore
-# rewinds the output to a checkpoint that came before them.
-SAID_NAME = "output-lines.jsonl"
-_log_path: Path | None = None
-
-
-def open_log(job_dir: Path | None) -> None:
-    """None: a job dir that must not be written to; the log goes nowhere."""
-    global _log_path
-    _log_path = job_dir / LOG_NAME if job_dir is not None else None
-
-
-def log(msg: str) -> None:
-    """Into <image root>/<jobid>/restore.log: the job's own output must stay
-    byte-identical to the checkpoint until the processes are back."""
-    if _log_path is None:
-        return
-    line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {os.environ.get('SLURMD_NODENAME', '')} {msg}\n"
-    try:  # the user's alone, and never through a symlink planted there
-        fd = os.open(_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
-
-
-def say(line: str) -> None:
-    """A line of gpucr's in the job's output (stderr), also kept with the checkpoint it
-    follows: a restore from that checkpoint or an older one writes it again."""
-    print(line, file=sys.stderr, flush=True)
-    if _log_path is None:
-        return
-    record = {"after": _generation_number(generations.read_pointer(_log_path.parent, generations.LATEST)),
-              "line": line}
-    try:
-        with open(_log_path.parent / SAID_NAME, "a") as f:
-            f.write(json.dumps(record) + "\n")
-    except OSError:
-        pass  # it is in the output; only a later rewind could lose it
-
-
-def _generation_number(gen: Path | None) -> int:
-    return int(gen.name.split("-")[1]) if gen is not None else 0
-
-
-def say_again_after_rewind(gen: Path) -> None:
-    """The lines put_back_outputs took away: those said after `gen` was checkpointed.
-    Only once the restored processes hold the output file, whose size CRIU checks."""
-    try:
-        records = (gen.parent / SAID_NAME).read_text().splitlines()
-    except OSError:
-        return
-    n = _generation_number(gen)
-    for text in records:
-        try:
-            rec = json.loads(text)
-        except ValueError:
-            continue  # a line cut by a full disk
-        if rec.get("after", 0) >= n:
-            print(rec.get("line", ""), file=sys.stderr, flush=True)
-
-
-def unreadable(e: OSError) -> str:
-    return f"cannot read {e.filename}: {e.strerror}" if e.filename else f"a file cannot be read: {e.strerror or e}"
-
-
-# Set on the manifest check_generation returns (never written to disk): its units'
-# images on the image root were checked, so a restore need not read them twice.
-UNITS_CHECKED = "units_checked"
-
-
-def check_generation(gen: Path, jobid: str) -> dict:
-    """Every unit image is committed and intact before anything is touched."""
-    older = (f"restore an older generation: gpucr-hpc restore {jobid} --from N "
-             f"(gpucr-hpc ls {jobid} lists them)")
-    staged = generations.is_staged(gen)  # its units: checked where they are read (unit_source)
-    try:
-        m = generations.manifest_of(gen)
-        image_store.verify(gen, m)
-    except GpucrError as e:
-        raise UnusableGeneration(f"{gen.name} is not usable", e.cause, older) from e
-    except OSError as e:  # an unreadable file is a bad image like any other: the job is held
-        raise UnusableGeneration(f"{gen.name} is not usable", unreadable(e), older) from e
-    for name in m.get("units", {}) if not staged else ():
-        try:
-            image_store.open_image(gen / name)
-        except GpucrError as e:
-            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", e.cause, older) from e
-        except OSError as e:
-            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", unreadable(e), older) from e
-    m[UNITS_CHECKED] = not staged
-    return m
-
-
-class UnusableGeneration(GpucrError):
-    """A generation that cannot be restored: `summary` is the short form (a job's Comment)."""
-
-    def __init__(self, summary: str, why: str, fix: str):
-        super().__init__(f"{summary}: {why}", fix)
-        self.summary = summary
-
-
-def put_back_outputs(gen: Path, m: dict) -> None:
-    for u in m["units"].values():
-        for path, rec in (u.get("saved_output") or {}).items():
-            with open(gen / rec["file"], "rb") as src, open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-
-
-def register(run_dir: Path, unit: dict, pid: int) -> None:
-    """Record a restored unit in this node's task registry, as the plugin does for tasks."""
-    tasks = run_dir / "tasks"
-    tasks.mkdir(parents=True, exist_ok=True, mode=0o700)
-    name = f"{unit['step']}.{unit['rank']}"
-    tmp = tasks / f".{name}.tmp"
-    tmp.write_text(f"pid={pid}\nrank={unit['rank']}\nlocal_id={unit['rank']}\nstep={unit['step']}\n")
-    tmp.rename(tasks / name)
-
-
-def provide_batch_script(image: Path) -> list[Path]:
-    """bash keeps its script open: the restored shell needs it at its old path.
-
-    On a cluster that path (slurmd's spool) is the same on every node and the
-    restarted job's identical script is there; on another node of a test
-    cluster sharing one machine it differs, so the new copy is put there.
-    Returns what was created: it must go once the shell has it open, since
-    that is another slurmd's spool (it would refuse to launch the job there).
-    """
-    script = config.value("GPUCR_BATCH_SCRIPT")
-    created: list[Path] = []
-    if not script:
-        return created
-    for rec in mf.load(image).get("open_files") or []:
-        old = Path(rec["path"])
-        if old.name == Path(script).name and not old.exists():
-            if not old.parent.exists():
-                old.parent.mkdir(parents=True, mode=0o700)
-                created.append(old.parent)
-            shutil.copy2(script, old)
-            created.insert(0, old)
-    return created
-
-
-def remove_created(paths: list[Path]) -> None:
-    for p in paths:  # files first, then their directories
-        try:
-            p.rmdir() if p.is_dir() else p.unlink()
-        except OSError:
-            pass
-
-
-PHASES = (("checks_s", "checks"), ("criu_restore_s", "CRIU"), ("gpu_control_s", "driver"),
-          ("gpu_attach_s", "arena"), ("gpu_h5_read_s", "GPU data read"), ("gpu_data_s", "to the GPU"),
-          ("gpu_fill_s", "arena filled beside CRIU and the driver"))
-
-
-def phases_said(timings: dict) -> str:
-    """Where a restore's time went, for its restore.log line: ' (CRIU 0.61 s, arena 0.90 s, ...)'."""
-    kept = timings.get("gpu_arenas_kept")  # mapped as the checkpoint left it in node memory: no fill
-    said = [f"{name} {timings[key]:.2f} s" for key, name in PHASES
-            if isinstance(timings.get(key), (int, float)) and not (kept and key == "gpu_fill_s")]
-    if kept:
-        said.append(f"{kept} arena(s) as the checkpoint left them in node memory")
-    return f" ({', '.join(said)})" if said else ""
-
-
-def restore_unit(gen: Path, unit: dict, site, jobid: str,
-                 inherit: dict[int, str] | None = None, moved: dict[str, str] | None = None,
-                 lock: netlock.Spec | None = None, verified: bool = True) -> dict:
-    """Restore one unit in a new PID namespace and record it in this node's registry.
-    moved: its TCP ends that are elsewhere now (job/rank_connections); lock: the
-    lock on its connections to other ranks, taken before CRIU runs; verified:
-    check_generation checked the generation's images on the image root."""
-    # The shim's control socket is bound under the run dir of the node it ran on
-    # (of the job id it ran as: a resubmitted job has a new one).
-    old_id = str(generations.manifest_of(gen)["job"]["id"])
-    old_run_dir = site.job_run_dir(old_id, unit["node"])
-    with ExitStack() as reading:  # node memory stays until CRIU and the GPU data are in
-        source, checked, where = unit_source.locate(gen, unit, old_id, reading, verified)
-        created = recreate_paths(source, unit, old_id, old_run_dir, jobid)
-        t0 = time.monotonic()
-        try:
-            rep = process_image.restore_from(source, pidns="new", rewind_files=True, inherit=inherit,
-                                             checksums_verified=checked, tied=True, moved=moved, lock=lock)
-        finally:
-            remove_created(created)  # the restored shell holds it open by now
-    log(f"{unit['name']} of {gen.name} read from {where} on {node_name()}, restored in "
-        f"{time.monotonic() - t0:.2f} s{phases_said(rep.get('timings') or {})}")
-    if unit["name"] == "batch" and unit.get("nccl"):  # the script's own ranks: all in this tree
-        try:
-            nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir, reload=True)
-        except GpucrError:
-            # ranks without communicators cannot run on; the job is held by the caller,
-            # and its hold must not be what ends them (it may fail)
-            end_tree(rep["pid"], rep["_launcher"])
-            raise
-    register(site.job_run_dir(jobid), unit, rep["pid"])
-    return rep
-
-
-def recreate_paths(image: Path, unit: dict, old_id: str, old_run_dir: Path, jobid: str) -> list[Path]:
-    """The unit's old run dir, and the batch script at its old path: what the
-    restored processes find open. Returns what was created for the restore only."""
-    try:
-        old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return provide_batch_script(image) if unit["name"] == "batch" else []
-    except OSError as e:
-        if old_id != str(jobid):
-            raise GpucrError(f"cannot recreate {e.filename} of job {old_id}, which job {jobid} "
-                             f"was submitted again from: {e.strerror}",
-                             f"as root on {unit['node']}: mkdir -p -m 0700 {e.filename} and chown it "
-                             f"to the job's user, then scontrol release {jobid}") from e
-        # Only where node paths differ by node name (several slurmd on one machine, %n):
-        # an ordinary user cannot create another node's run or spool dir.
-        raise GpucrError(f"cannot recreate {e.filename} of node {unit['node']}: {e.strerror}",
-                         f"give every node the same run dir and spool paths (no %n), or restore "
-                         f"it on {unit['node']}: scontrol update jobid={jobid} nodelist={unit['node']}, "
-                         f"then gpucr-hpc restore {jobid}") from e
-
-
-def rank_back(job_dir: Path, procid: int) -> None:
-    """Said by a rank's restore task once its rank runs again."""
-    (Path(job_dir) / RANKS_BACK / str(procid)).touch()
-
-
-def _ranks_back(job_dir: Path) -> int:
-    try:
-        return len(os.listdir(Path(job_dir) / RANKS_BACK))
-    except OSError:
-        return 0
-
-
-def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = None) -> int | None:
-    """The srun step that was running: restored as a new step of the same layout.
-    `lock` (the job's) is let go once every rank is back, or the step has ended."""
-    ranks = ranks_of(m)
-    lock = lock or ExitStack()
-    if not ranks:
-        lock.close()
-        return None
-    job_dirs.fresh_folder(gen.parent / RANKS_BACK)
-    if any(u.get("nccl") for u in ranks):
-        nccl_ranks.fresh_ids_folder(gen.parent)
-    where = where_now(m)
-    placed = [where[u["name"]] for u in ranks]
-    hostfile = gen.parent / "rank-nodes"  # the layout the ranks are restored to, one line per rank
-    hostfile.write_text("".join(f"{n}\n" for n in placed))
-    argv = ["srun", f"--nodes={len(set(placed))}", f"--ntasks={len(ranks)}", "--gpucr=off",
-            "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
-            "--distribution=arbitrary", sys.executable, "-m", "gpucr_hpc.job.restore.rank_restore",
-            "--gen-dir", str(gen)] + ["--unchecked"] * (not m.get(UNITS_CHECKED, False))
-    # The job's submission token stays: the plugin makes the job's run dir for this
-    # --gpucr=off step only in a --gpucr=on job, which the token tells.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE")) or k == "SLURM_SPANK_GPUCR_SUBMISSION"}
-    # The real srun: the wrapper is first in PATH in the batch step.
-    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p != load_site().bindir)
-    env.update({"SLURM_HOSTFILE": str(hostfile), rank_connections.RANK_NODES_ENV: ",".join(placed),
-                rank_connections.BATCH_NODE_ENV: where["batch"]})
-    step = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
-    while step.poll() is None and _ranks_back(gen.parent) < len(ranks):
-        time.sleep(RANKS_POLL_S)
-    lock.close()
-    return step.wait()
-
-
-def hand_status(m: dict, rc: int) -> None:
-    for path in {u.get("srun_status") for u in m["units"].values() if u.get("srun_status")}:
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{rc}\n")
-        os.rename(tmp, path)
-
-
-class RestoreFailed(Exception):
-    """The job could not be restored; it was requeued and held with the reason."""
-
-
-def give_up(jobid: str, reason: str, summary: str, then: str) -> RestoreFailed:
-    """The job requeued and held. `reason`, the whole line, goes to restore.log and the
-    job's output; its Comment says `summary` (what failed, a few words) and `then` (the
-    command that restores it once fixed): short and whole by construction, never cut."""
-    log(reason)
-    say(reason)
-    slurm.requeue_hold(jobid, hold_comment(jobid, summary, then))
-    return RestoreFailed(reason)
-
-
-def hold_comment(jobid: str, summary: str, then: str) -> str:
-    return f"gpucr: cannot restore job {jobid}: {summary}; why: gpucr-hpc status {jobid}; then: {then}"
 
 
 def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, dict | None]:
@@ -370,14 +79,7 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}",
                       "another command held the job", f"gpucr-hpc restore {jobid}") from e
     try:
-        gen = from_memory(job_dir)
-        if gen is None:
-            drained = generations.await_drain(job_dir, config.value("GPUCR_SUBMISSION"),
-                                              float(config.value("GPUCR_DRAIN_WAIT")), lost=slurm.node_lost)
-            if drained:
-                log(drained)
-            gen = generations.start_target(job_dir, config.value("GPUCR_SUBMISSION"),
-                                          config.value("GPUCR_RESTORE_FROM"))
+        gen = unit_source.generation(job_dir)
         m = check_generation(gen, jobid)
     except UnusableGeneration as e:
         raise give_up(jobid, f"gpucr: cannot restore job {jobid}: {e.one_line()}", e.summary, from_older) from e
@@ -425,42 +127,6 @@ def restore_batch_tree(jobid: str, site, lock: ExitStack) -> tuple[dict, Path, d
     return m, gen, batch
 
 
-def from_memory(job_dir: Path) -> Path | None:
-    """The staged generation the job restores at once, before its drain ends: the
-    job is back on the nodes that staged it, and each of its staged units is read
-    from the memory of the node it is restored on (unit_source). None: the start
-    waits for the drain, as a job that moved must (no restore mixes the two)."""
-    gen = generations.staged_start(job_dir, config.value("GPUCR_SUBMISSION"))
-    if gen is None:
-        return None
-    m = generations.manifest_of(gen)
-    batch = m["units"].get("batch")
-    if batch is None or unit_source.in_memory_here(gen, batch, str(m["job"]["id"])) is None:
-        return None
-    try:
-        where = where_now(m)
-    except GpucrError:
-        return None  # not as many nodes as it had: the restore says so after the drain
-    elsewhere = sorted(u["name"] for u in m["units"].values() if u.get("staged") and where.get(u["name"]) != u["node"])
-    if elsewhere:
-        log(f"{gen.name} is still draining and {', '.join(elsewhere)} restore on other nodes now: "
-            "the job waits for the drain")
-        return None
-    log(f"{gen.name} is still draining; the job is back on the nodes that staged it and reads their memory")
-    return gen
-
-
-def ranks_of(m: dict) -> list[dict]:
-    return sorted((u for u in m["units"].values() if u["name"].startswith("rank-")), key=lambda u: u["rank"])
-
-
-def where_now(m: dict) -> dict[str, str]:
-    """Unit name -> its node in this restore (rank_connections.placement)."""
-    ranks = ranks_of(m)
-    nodes = rank_connections.placement(ranks, slurm.hostnames(os.environ.get("SLURM_JOB_NODELIST", "")))
-    return {**{r["name"]: n for r, n in zip(ranks, nodes)}, "batch": node_name()}
-
-
 def restore_batch_unit(gen: Path, m: dict, site, jobid: str, hold: ExitStack) -> dict:
     """The script's tree, its TCP connections locked while CRIU restores them and
     their ends moved to where they are now; the lock on those to ranks goes into
@@ -470,7 +136,7 @@ def restore_batch_unit(gen: Path, m: dict, site, jobid: str, hold: ExitStack) ->
     checked = m.get(UNITS_CHECKED, False)
     if not tcp:
         return restore_unit(gen, unit, site, jobid, verified=checked)
-    moved = rank_connections.moves(unit, where_now(m))
+    moved = rank_connections.moves(unit, place(m))
     if not tcp.get("links"):
         return restore_unit(gen, unit, site, jobid, moved=moved, verified=checked)
     lease = netlock.Lease(rank_connections.lock_name(jobid, unit), rank_connections.flows(unit, moved),
@@ -480,6 +146,40 @@ def restore_batch_unit(gen: Path, m: dict, site, jobid: str, hold: ExitStack) ->
         rep = restore_unit(gen, unit, site, jobid, moved=moved, lock=lease.spec, verified=checked)
         if tcp.get("peers"):
             hold.push(mine.pop_all())
+    return rep
+
+
+def restore_unit(gen: Path, unit: dict, site, jobid: str,
+                 inherit: dict[int, str] | None = None, moved: dict[str, str] | None = None,
+                 lock: netlock.Spec | None = None, verified: bool = True) -> dict:
+    """Restore one unit in a new PID namespace and record it in this node's registry.
+    moved: its TCP ends that are elsewhere now (job/rank_connections); lock: the
+    lock on its connections to other ranks, taken before CRIU runs; verified:
+    check_generation checked the generation's images on the image root."""
+    # The shim's control socket is bound under the run dir of the node it ran on
+    # (of the job id it ran as: a resubmitted job has a new one).
+    old_id = str(generations.manifest_of(gen)["job"]["id"])
+    old_run_dir = site.job_run_dir(old_id, unit["node"])
+    with ExitStack() as reading:  # node memory stays until CRIU and the GPU data are in
+        source, checked, where = unit_source.locate(gen, unit, old_id, reading, verified)
+        created = recreate_paths(source, unit, old_id, old_run_dir, jobid)
+        t0 = time.monotonic()
+        try:
+            rep = process_image.restore_from(source, pidns="new", rewind_files=True, inherit=inherit,
+                                             checksums_verified=checked, tied=True, moved=moved, lock=lock)
+        finally:
+            remove_created(created)  # the restored shell holds it open by now
+    log(f"{unit['name']} of {gen.name} read from {where} on {node_name()}, restored in "
+        f"{time.monotonic() - t0:.2f} s{phases_said(rep.get('timings') or {})}")
+    if unit["name"] == "batch" and unit.get("nccl"):  # the script's own ranks: all in this tree
+        try:
+            nccl_cut.rebuild(nccl_ranks.ranks_in([rep["pid"]], old_run_dir), old_run_dir, reload=True)
+        except GpucrError:
+            # ranks without communicators cannot run on; the job is held by the caller,
+            # and its hold must not be what ends them (it may fail)
+            end_tree(rep["pid"], rep["_launcher"])
+            raise
+    register(site.job_run_dir(jobid), unit, rep["pid"])
     return rep
 
 
@@ -497,3 +197,199 @@ def restore_ranks(jobid: str, m: dict, gen: Path, launcher: subprocess.Popen | N
     if rc is not None:
         hand_status(m, rc)
     return rc
+
+
+def restore_rank_step(gen: Path, m: dict, jobid: str, lock: ExitStack | None = None) -> int | None:
+    """The srun step that was running: restored as a new step of the same layout.
+    `lock` (the job's) is let go once every rank is back, or the step has ended."""
+    ranks = ranks_of(m)
+    lock = lock or ExitStack()
+    if not ranks:
+        lock.close()
+        return None
+    job_dirs.fresh_folder(gen.parent / RANKS_BACK)
+    if any(u.get("nccl") for u in ranks):
+        nccl_ranks.fresh_ids_folder(gen.parent)
+    where = place(m)
+    placed = [where[u["name"]] for u in ranks]
+    hostfile = gen.parent / "rank-nodes"  # the layout the ranks are restored to, one line per rank
+    hostfile.write_text("".join(f"{n}\n" for n in placed))
+    argv = ["srun", f"--nodes={len(set(placed))}", f"--ntasks={len(ranks)}", "--gpucr=off",
+            "--kill-on-bad-exit=0", "--job-name=gpucr-restore",
+            "--distribution=arbitrary", sys.executable, "-m", "gpucr_hpc.job.restore.rank_restore",
+            "--gen-dir", str(gen)] + ["--unchecked"] * (not m.get(UNITS_CHECKED, False))
+    # The job's submission token stays: the plugin makes the job's run dir for this
+    # --gpucr=off step only in a --gpucr=on job, which the token tells.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_SPANK_", "GPUCR_RESTORE")) or k == "SLURM_SPANK_GPUCR_SUBMISSION"}
+    # The real srun: the wrapper is first in PATH in the batch step.
+    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":") if p != load_site().bindir)
+    env.update({"SLURM_HOSTFILE": str(hostfile), rank_connections.RANK_NODES_ENV: ",".join(placed),
+                rank_connections.BATCH_NODE_ENV: where["batch"]})
+    step = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    while step.poll() is None and _ranks_back(gen.parent) < len(ranks):
+        time.sleep(RANKS_POLL_S)
+    lock.close()
+    return step.wait()
+
+
+# Set on the manifest check_generation returns (never written to disk): its units'
+# images on the image root were checked, so a restore need not read them twice.
+UNITS_CHECKED = "units_checked"
+
+
+def check_generation(gen: Path, jobid: str) -> dict:
+    """Every unit image is committed and intact before anything is touched."""
+    older = (f"restore an older generation: gpucr-hpc restore {jobid} --from N "
+             f"(gpucr-hpc ls {jobid} lists them)")
+    staged = generations.is_staged(gen)  # its units: checked where they are read (unit_source)
+    try:
+        m = generations.manifest_of(gen)
+        image_store.verify(gen, m)
+    except GpucrError as e:
+        raise UnusableGeneration(f"{gen.name} is not usable", e.cause, older) from e
+    except OSError as e:  # an unreadable file is a bad image like any other: the job is held
+        raise UnusableGeneration(f"{gen.name} is not usable", unreadable(e), older) from e
+    for name in m.get("units", {}) if not staged else ():
+        try:
+            image_store.open_image(gen / name)
+        except GpucrError as e:
+            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", e.cause, older) from e
+        except OSError as e:
+            raise UnusableGeneration(f"{gen.name} has no usable image of {name}", unreadable(e), older) from e
+    m[UNITS_CHECKED] = not staged
+    return m
+
+
+class UnusableGeneration(GpucrError):
+    """A generation that cannot be restored: `summary` is the short form (a job's Comment)."""
+
+    def __init__(self, summary: str, why: str, fix: str):
+        super().__init__(f"{summary}: {why}", fix)
+        self.summary = summary
+
+
+def unreadable(e: OSError) -> str:
+    return f"cannot read {e.filename}: {e.strerror}" if e.filename else f"a file cannot be read: {e.strerror or e}"
+
+
+def put_back_outputs(gen: Path, m: dict) -> None:
+    for u in m["units"].values():
+        for path, rec in (u.get("saved_output") or {}).items():
+            with open(gen / rec["file"], "rb") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def recreate_paths(image: Path, unit: dict, old_id: str, old_run_dir: Path, jobid: str) -> list[Path]:
+    """The unit's old run dir, and the batch script at its old path: what the
+    restored processes find open. Returns what was created for the restore only."""
+    try:
+        old_run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return provide_batch_script(image) if unit["name"] == "batch" else []
+    except OSError as e:
+        if old_id != str(jobid):
+            raise GpucrError(f"cannot recreate {e.filename} of job {old_id}, which job {jobid} "
+                             f"was submitted again from: {e.strerror}",
+                             f"as root on {unit['node']}: mkdir -p -m 0700 {e.filename} and chown it "
+                             f"to the job's user, then scontrol release {jobid}") from e
+        # Only where node paths differ by node name (several slurmd on one machine, %n):
+        # an ordinary user cannot create another node's run or spool dir.
+        raise GpucrError(f"cannot recreate {e.filename} of node {unit['node']}: {e.strerror}",
+                         f"give every node the same run dir and spool paths (no %n), or restore "
+                         f"it on {unit['node']}: scontrol update jobid={jobid} nodelist={unit['node']}, "
+                         f"then gpucr-hpc restore {jobid}") from e
+
+
+def provide_batch_script(image: Path) -> list[Path]:
+    """bash keeps its script open: the restored shell needs it at its old path.
+
+    On a cluster that path (slurmd's spool) is the same on every node and the
+    restarted job's identical script is there; on another node of a test
+    cluster sharing one machine it differs, so the new copy is put there.
+    Returns what was created: it must go once the shell has it open, since
+    that is another slurmd's spool (it would refuse to launch the job there).
+    """
+    script = config.value("GPUCR_BATCH_SCRIPT")
+    created: list[Path] = []
+    if not script:
+        return created
+    for rec in mf.load(image).get("open_files") or []:
+        old = Path(rec["path"])
+        if old.name == Path(script).name and not old.exists():
+            if not old.parent.exists():
+                old.parent.mkdir(parents=True, mode=0o700)
+                created.append(old.parent)
+            shutil.copy2(script, old)
+            created.insert(0, old)
+    return created
+
+
+def remove_created(paths: list[Path]) -> None:
+    for p in paths:  # files first, then their directories
+        try:
+            p.rmdir() if p.is_dir() else p.unlink()
+        except OSError:
+            pass
+
+
+def register(run_dir: Path, unit: dict, pid: int) -> None:
+    """Record a restored unit in this node's task registry, as the plugin does for tasks."""
+    tasks = run_dir / "tasks"
+    tasks.mkdir(parents=True, exist_ok=True, mode=0o700)
+    name = f"{unit['step']}.{unit['rank']}"
+    tmp = tasks / f".{name}.tmp"
+    tmp.write_text(f"pid={pid}\nrank={unit['rank']}\nlocal_id={unit['rank']}\nstep={unit['step']}\n")
+    tmp.rename(tasks / name)
+
+
+PHASES = (("checks_s", "checks"), ("criu_restore_s", "CRIU"), ("gpu_control_s", "driver"),
+          ("gpu_attach_s", "arena"), ("gpu_h5_read_s", "GPU data read"), ("gpu_data_s", "to the GPU"),
+          ("gpu_fill_s", "arena filled beside CRIU and the driver"))
+
+
+def phases_said(timings: dict) -> str:
+    """Where a restore's time went, for its restore.log line: ' (CRIU 0.61 s, arena 0.90 s, ...)'."""
+    kept = timings.get("gpu_arenas_kept")  # mapped as the checkpoint left it in node memory: no fill
+    said = [f"{name} {timings[key]:.2f} s" for key, name in PHASES
+            if isinstance(timings.get(key), (int, float)) and not (kept and key == "gpu_fill_s")]
+    if kept:
+        said.append(f"{kept} arena(s) as the checkpoint left them in node memory")
+    return f" ({', '.join(said)})" if said else ""
+
+
+def rank_back(job_dir: Path, procid: int) -> None:
+    """Said by a rank's restore task once its rank runs again."""
+    (Path(job_dir) / RANKS_BACK / str(procid)).touch()
+
+
+def _ranks_back(job_dir: Path) -> int:
+    try:
+        return len(os.listdir(Path(job_dir) / RANKS_BACK))
+    except OSError:
+        return 0
+
+
+def hand_status(m: dict, rc: int) -> None:
+    for path in {u.get("srun_status") for u in m["units"].values() if u.get("srun_status")}:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{rc}\n")
+        os.rename(tmp, path)
+
+
+class RestoreFailed(Exception):
+    """The job could not be restored; it was requeued and held with the reason."""
+
+
+def give_up(jobid: str, reason: str, summary: str, then: str) -> RestoreFailed:
+    """The job requeued and held. `reason`, the whole line, goes to restore.log and the
+    job's output; its Comment says `summary` (what failed, a few words) and `then` (the
+    command that restores it once fixed): short and whole by construction, never cut."""
+    log(reason)
+    say(reason)
+    slurm.requeue_hold(jobid, hold_comment(jobid, summary, then))
+    return RestoreFailed(reason)
+
+
+def hold_comment(jobid: str, summary: str, then: str) -> str:
+    return f"gpucr: cannot restore job {jobid}: {summary}; why: gpucr-hpc status {jobid}; then: {then}"

@@ -34,7 +34,7 @@ from contextlib import ExitStack
 
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.job import events, generations
+from gpucr_hpc.job import events, generations, restore_log
 from gpucr_hpc.job.checkpoint import coordinator
 from gpucr_hpc.job.restore import batch_restore
 from gpucr_hpc.slurm import commands as slurm
@@ -49,7 +49,7 @@ FORWARDED = TASK_SIGNALS
 
 
 def say(msg: str) -> None:
-    batch_restore.say(f"gpucr: {msg}")  # kept: a later restore's rewind must not erase it
+    restore_log.say(f"gpucr: {msg}")  # kept: a later restore's rewind must not erase it
 
 
 def checkpoint_signal(name: str | None) -> signal.Signals | None:
@@ -118,7 +118,7 @@ def checkpoint_and_requeue(jobid: str, lead: int) -> None:
         say(f"automatic checkpoint of job {jobid} failed: {e.one_line()}; "
             + after_failed_checkpoint(jobid, preempted, _next_restore(jobid)))
         return
-    batch_restore.log(f"checkpointed {result.get('generation', '')} before {why}; requeued")
+    restore_log.log(f"checkpointed {result.get('generation', '')} before {why}; requeued")
 
 
 def _next_restore(jobid: str) -> str | None:
@@ -156,7 +156,7 @@ def periodic(jobid: str, interval: int, stop: threading.Event) -> None:
             continue
         gen, took = result.get("generation", ""), result.get("total_s", 0.0)
         say(f"periodic checkpoint of job {jobid}: {gen} in {took:.1f} s; the job runs on")
-        batch_restore.log(f"periodic checkpoint {gen} in {took:.1f} s")
+        restore_log.log(f"periodic checkpoint {gen} in {took:.1f} s")
 
 
 def exit_like(status: int) -> int:
@@ -187,7 +187,7 @@ def supervise(child: subprocess.Popen, script_pid: int, jobid: str,
             answer(info.si_signo, waited, script_pid, jobid, ckpt_sig, lead)
         except Exception as e:  # noqa: BLE001 - the job outlives anything unforeseen here
             say(f"signal {info.si_signo} not handled ({type(e).__name__}: {e}); the job runs on")
-            batch_restore.log(f"supervisor: signal {info.si_signo} not handled: {type(e).__name__}: {e}")
+            restore_log.log(f"supervisor: signal {info.si_signo} not handled: {type(e).__name__}: {e}")
 
 
 def answer(signo: int, waited: Set[signal.Signals], script_pid: int, jobid: str,
@@ -218,7 +218,7 @@ def main() -> int:
     waited = FORWARDED | {signal.SIGCHLD} | ({ckpt_sig} if ckpt_sig else set())
     # Blocked before any thread or child exists; the child gets them back.
     signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-    batch_restore.open_log(site.job_image_dir(jobid))
+    restore_log.open_log(site.job_image_dir(jobid))
     # The plugin restores a job with a checkpoint to restore (spank/restart.c); one that
     # was checkpointed and whose checkpoint is gone goes the same way, and is held with
     # the reason: never run from the top. Asked before the claim, which dates the traces.
@@ -246,14 +246,14 @@ def main() -> int:
         script_pid = child.pid
         batch_restore.register(site.job_run_dir(jobid), {"step": "batch", "rank": 0}, script_pid)
     stop = threading.Event()
-    threading.Thread(target=events.relay, args=(site.job_image_dir(jobid), jobid, batch_restore.say, stop),
+    threading.Thread(target=events.relay, args=(site.job_image_dir(jobid), jobid, restore_log.say, stop),
                      daemon=True, name="events").start()  # commands by hand, into the job's output
     interval = int(config.value("GPUCR_CHECKPOINT_INTERVAL") or 0)
     if interval > 0:
         threading.Thread(target=periodic, args=(jobid, interval, stop), daemon=True, name="periodic").start()
     status = supervise(child, script_pid, jobid, ckpt_sig, lead, waited)
     stop.set()
-    batch_restore.log(f"batch script ended with status {status}")
+    restore_log.log(f"batch script ended with status {status}")
     return exit_like(status)
 
 
@@ -262,7 +262,7 @@ def lost_checkpoint(job_dir) -> bool:
     try:
         return generations.lost(job_dir, config.value("GPUCR_SUBMISSION")) is not None
     except Exception as e:  # noqa: BLE001 - what cannot be read is the restore's to hold with the reason
-        batch_restore.log(f"supervisor: the job's checkpoints could not be looked at ({type(e).__name__}: {e})")
+        restore_log.log(f"supervisor: the job's checkpoints could not be looked at ({type(e).__name__}: {e})")
         return False
 
 

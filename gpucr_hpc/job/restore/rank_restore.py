@@ -22,8 +22,10 @@ from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import generations, nccl_ranks
 from gpucr_hpc.job.connections import rank_connections
-from gpucr_hpc.job.restore.batch_restore import RANKS_BACK, give_up, log, open_log, rank_back, ranks_of, restore_unit
-from gpucr_hpc.job.restore.batch_restore import say as kept_say
+from gpucr_hpc.job.restore.batch_restore import RANKS_BACK, give_up, rank_back, restore_unit
+from gpucr_hpc.job.restore.placement import ranks_of
+from gpucr_hpc.job.restore_log import log, open_log
+from gpucr_hpc.job.restore_log import say as kept_say
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS
 from gpucr_hpc.slurm.site import load_site

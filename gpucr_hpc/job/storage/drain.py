@@ -37,9 +37,8 @@ from pathlib import Path
 from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
-from gpucr_hpc.job import events, generations
+from gpucr_hpc.job import events, generations, restore_log
 from gpucr_hpc.job import lock as job_lock
-from gpucr_hpc.job.restore import batch_restore
 from gpucr_hpc.job.storage import staging
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import drain as store_drain
@@ -105,7 +104,7 @@ def drain_job(jobid: str) -> list[str]:
     job_dir = site.job_image_dir(jobid)
     uid = os.geteuid()
     job_dirs.check(job_dir, uid)  # the user's alone, or refused (never written through)
-    batch_restore.open_log(job_dir)
+    restore_log.open_log(job_dir)
     with staging.held(root, exclusive=True):  # one drain of the job at a time on a node
         errors = _drain_staged(root, job_dir, uid, node, jobid)
     # <stage>/<jobid> itself is the plugin's: it removes it once this has ended, unless
@@ -146,7 +145,7 @@ def _drain_staged(root: Path, job_dir: Path, uid: int, node: str, jobid: str) ->
         gen_dir = job_dir / staged.name
         if in_flight(gen_dir):
             if abandoned(job_dir, jobid, uid):  # never a restore point: its memory is the next job's
-                batch_restore.log(f"gpucr: {gen_dir.name} was left unfinished on {node} by a checkpoint "
+                restore_log.log(f"gpucr: {gen_dir.name} was left unfinished on {node} by a checkpoint "
                                   f"that is gone; its copies in node memory are removed")
                 give_back(staged)
             continue  # else the job, back on this node, is being preempted again: its own drain follows
@@ -159,12 +158,12 @@ def _drain_staged(root: Path, job_dir: Path, uid: int, node: str, jobid: str) ->
                 why = e.one_line() if isinstance(e, GpucrError) else str(e)
                 earlier = generations.fail_drain(gen_dir, node, why)
                 back = f"the job restores {earlier.name} instead" if earlier else "the job has no earlier checkpoint"
-                batch_restore.log(f"gpucr: drain of {gen_dir.name} on {node} failed: {why}; {back}")
+                restore_log.log(f"gpucr: drain of {gen_dir.name} on {node} failed: {why}; {back}")
                 events.record(job_dir, uid, what="drain", ok=False, generation=gen_dir.name, nodes=[node],
                               error=f"{why}; {back}")
                 errors.append(f"{gen_dir.name}: {why}")
                 continue
-            batch_restore.log(f"{gen_dir.name}: {rep['bytes'] / 2**30:.2f} GiB drained from {node}'s memory "
+            restore_log.log(f"{gen_dir.name}: {rep['bytes'] / 2**30:.2f} GiB drained from {node}'s memory "
                               f"in {rep['drain_s']:.1f} s" + ("; committed" if rep["committed"] else ""))
             events.record(job_dir, uid, what="drain", ok=True, generation=gen_dir.name, nodes=[node],
                           took_s=rep["drain_s"])
