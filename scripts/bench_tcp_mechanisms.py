@@ -7,7 +7,7 @@ ranks talk"); gpucr-hpc builds the CRIU way. This benchmark measures, in one
 run on this machine, what each costs for the same connections:
 
   criu   CRIU's TCP repair, as gpucr-hpc runs it for connections between
-         ranks: the connections locked (gpucr_hpc.criu.netlock, nftables), the
+         ranks: the connections locked (gpucr_hpc.tcp.lock, nftables), the
          tree dumped with `--tcp-established --network-lock skip` (queues and
          sequence numbers), unlocked; in place (`--leave-running`), and for a
          restore: dumped, its addresses moved to another network namespace's
@@ -51,7 +51,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from gpucr_hpc import procfs  # noqa: E402
+from gpucr_hpc.criu import procfs  # noqa: E402
 from gpucr_hpc.criu import run as criu_mod  # noqa: E402
 from gpucr_hpc.criu import tcp as criu_tcp  # noqa: E402
 
@@ -117,7 +117,7 @@ def holder_pid(launcher: subprocess.Popen) -> int:
                 if Path(f"/proc/{p}/cmdline").read_bytes().startswith(sys.executable.encode()))
 
 
-LOCK = ("import json, sys; from gpucr_hpc.criu import netlock; a = json.loads(sys.argv[1]); "
+LOCK = ("import json, sys; from gpucr_hpc.tcp import lock as netlock; a = json.loads(sys.argv[1]); "
         "netlock.lock(a[0], [netlock.Flow(*f) for f in a[1]]) if a[1] is not None else netlock.unlock(a[0])")
 
 

@@ -215,7 +215,7 @@ def tmpfs_dir(tmp_path):
 @pytest.fixture
 def node_memory():
     """A new folder in /dev/shm (node memory), removed after the test."""
-    from gpucr_hpc.mounts import in_node_memory
+    from gpucr_hpc.store.mounts import in_node_memory
 
     d = Path(tempfile.mkdtemp(prefix="gpucr-test-", dir="/dev/shm"))
     if not in_node_memory(d):

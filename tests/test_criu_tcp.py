@@ -116,9 +116,10 @@ def test_connection_with_bytes_in_flight_moves_to_another_address(two_nodes, tmp
         # As a job's restore does it: in a new PID namespace (the tree's PIDs may be taken
         # here by now), CRIU in the node's network namespace.
         # As a job's restore does it: the moved connections locked in B's namespace before
-        # CRIU runs (criu/netlock), let go once the tree runs. Without it, the first end
+        # CRIU runs (tcp/lock), let go once the tree runs. Without it, the first end
         # restored sends its unsent bytes to a peer not restored yet, which resets it.
-        restore = ("import sys; from pathlib import Path; from gpucr_hpc.criu import netlock, run, tcp; "
+        restore = ("import sys; from pathlib import Path; from gpucr_hpc.criu import run, tcp; "
+                   "from gpucr_hpc.tcp import lock as netlock; "
                    "flows = [netlock.Flow(c.local, c.remote) for c in tcp.connections(Path(sys.argv[1])) "
                    "if not c.listening]; "
                    "r = run.find_criu().start_restore(Path(sys.argv[1]), Path(sys.argv[2]), shell_job=False, "

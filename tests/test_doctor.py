@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpucr_hpc import mounts
 from gpucr_hpc.doctor import checks, nodes
 from gpucr_hpc.slurm.site import Site
+from gpucr_hpc.store import mounts
 
 
 def doctor(*args, **env):

@@ -13,10 +13,11 @@ import sys
 import pytest
 from user_helpers import as_user
 
-from gpucr_hpc.criu import netlock, root_helper
+from gpucr_hpc.criu import root_helper
 from gpucr_hpc.criu import tcp as criu_tcp
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.privileged import tcp as privileged_tcp
+from gpucr_hpc.tcp import lock as netlock
 
 pytestmark = [pytest.mark.criu]
 
@@ -92,7 +93,7 @@ def test_through_netlock_a_user_gets_the_helpers_answer(users, helper_ready):
     a, b = users
     pb, flow_b = holding(b)
     code = ("import sys\n"
-            "from gpucr_hpc.criu import netlock\n"
+            "from gpucr_hpc.tcp import lock as netlock\n"
             "from gpucr_hpc.errors import GpucrError\n"
             "flow = netlock.Flow(*sys.argv[1].split(','))\n"
             "try: netlock.lock('mine', [flow], 30)\n"

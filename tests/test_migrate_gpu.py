@@ -25,9 +25,9 @@ import pytest
 from shim_helpers import REPO, build_shim, root_criu_or_skip
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.mounts import in_node_memory
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import gpu_data
+from gpucr_hpc.store.mounts import in_node_memory
 
 HOLDER = r"""
 import sys, numpy as np

@@ -1,4 +1,4 @@
-"""The lock on a job's TCP connections (gpucr_hpc/criu/netlock.py), with the
+"""The lock on a job's TCP connections (gpucr_hpc/tcp/lock.py), with the
 real kernel and nft: in a fresh network namespace, a connection locked moves no
 byte either way and is not reset; unlocked, TCP delivers all that was sent, in
 order."""
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpucr_hpc.criu import netlock
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.tcp import lock as netlock
 
 REPO = Path(__file__).resolve().parent.parent
 UNPACKED = Path("/opt/gpucr-hpc/criu/root")  # scripts/install-deps unpacks CRIU and nft here
@@ -70,7 +70,7 @@ def netns(env, request):
 
 
 def netlock_cmd(env) -> list[str]:
-    code = "from gpucr_hpc.criu import netlock; print(' '.join(netlock.nft_command()))"
+    code = "from gpucr_hpc.tcp import lock as netlock; print(' '.join(netlock.nft_command()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     return out.stdout.split()
 
@@ -78,7 +78,7 @@ def netlock_cmd(env) -> list[str]:
 def in_ns(ns: str, env: dict, func: str, *args):
     """netlock.<func>(*args) run in the namespace: its result, or {"error": cause}."""
     code = ("import json, sys\n"
-            "from gpucr_hpc.criu import netlock\n"
+            "from gpucr_hpc.tcp import lock as netlock\n"
             "from gpucr_hpc.errors import GpucrError\n"
             "args = json.loads(sys.argv[1])\n"
             "if len(args) > 1: args[1] = [netlock.Flow(*f) for f in args[1]]\n"
@@ -199,7 +199,7 @@ def test_a_lock_whose_holder_died_lets_go_at_its_deadline(netns, env, pair):
 
 def test_a_lease_outlasts_its_length_while_its_holder_lives(netns, env, pair):
     """Lease(lease_s=1.5) held for 4 s: still locked at 3 s (renewed), gone once released."""
-    code = ("import sys, time\nfrom gpucr_hpc.criu import netlock\n"
+    code = ("import sys, time\nfrom gpucr_hpc.tcp import lock as netlock\n"
             "with netlock.Lease('job10', [netlock.Flow(sys.argv[1], sys.argv[2])], 1.5):\n"
             "    print('held', flush=True)\n    time.sleep(4)\n")
     holder = subprocess.Popen(["nsenter", f"--net=/run/netns/{netns}", "--", sys.executable, "-c", code,

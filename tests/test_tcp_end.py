@@ -4,8 +4,8 @@ import ipaddress
 
 import pytest
 
-from gpucr_hpc import tcp_end
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.tcp import end as tcp_end
 
 
 @pytest.mark.parametrize("text,addr,port", [

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from gpucr_hpc import units
+from gpucr_hpc import figures
 from gpucr_hpc.cli import job_id, output
 from gpucr_hpc.cli.operator_door import through_door_if_not_mine
 from gpucr_hpc.errors import GpucrError
@@ -29,7 +29,7 @@ def print_job_result(kind: str, result: dict, as_json: bool) -> None:
     done = {"checkpoint": "checkpointed", "preempt": "preempted"}[kind]
     click.echo(f"{done} job {result['job']} {result['generation']}: "
                f"{len(result.get('units', []))} unit(s) on {', '.join(result.get('nodes', []))}, "
-               f"{units.size(result.get('bytes', 0))} in {result.get('total_s', 0):.2f} s "
+               f"{figures.size(result.get('bytes', 0))} in {result.get('total_s', 0):.2f} s "
                f"(prepare {result.get('prepare_s', 0):.2f} s)")
     click.echo(f"image: {result['image']}")
 
@@ -111,7 +111,7 @@ def generation_state(r: dict) -> str:
 
 def generation_cells(r: dict) -> list[str]:
     """generation, state, size, nodes, units, created: one row of the ls/status tables."""
-    return [r["generation"], generation_state(r), units.size(r.get("bytes", 0)),
+    return [r["generation"], generation_state(r), figures.size(r.get("bytes", 0)),
             ",".join(r.get("nodes", [])), str(len(r.get("units", []))), r.get("created") or ""]
 
 
@@ -173,7 +173,7 @@ def print_in_place(verb: str, jobid: str, result: dict, as_json: bool) -> None:
     if as_json:
         output.print_json({"suspended": "suspend", "resumed": "resume"}[verb], {"job": jobid, **result})
         return
-    gpu = (f"GPU memory of {result['gpu_processes']} process(es), {units.size(result['bytes'])}"
+    gpu = (f"GPU memory of {result['gpu_processes']} process(es), {figures.size(result['bytes'])}"
            if result["gpu_processes"] else "no GPU process")
     click.echo(f"{verb} job {jobid} on {', '.join(result['nodes'])}: {gpu}, "
                f"in {result.get('total_s', 0):.2f} s")

@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from gpucr_hpc.units import size as units_size
+from gpucr_hpc.figures import size as figures_size
 
 # The version of every --json document's layout: raised when a field changes its
 # meaning or type or goes away (new fields do not raise it).
@@ -97,7 +97,7 @@ class NodeProgress:
         phases = sorted({p for p, _ in units.values() if p != "done"}) or ["done"]
         done = sum(1 for p, _ in units.values() if p == "done")
         text = f"  {node}: {', '.join(phases)} ({done}/{len(units)} units)"
-        moved = units_size(sum(n for _, n in units.values()))
+        moved = figures_size(sum(n for _, n in units.values()))
         if node not in self.tasks:
             self.tasks[node] = self.bar.add_task(text, total=None, moved=moved)
         else:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from gpucr_hpc import config, units
+from gpucr_hpc import config, figures
 from gpucr_hpc.cli import job_id, output, process_image
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.process.in_place import DEFAULT_TIMEOUT_MS, checkpoint_tree, restore_tree, status_all
@@ -18,7 +18,7 @@ from gpucr_hpc.shim.protocol import Reply
 
 
 def _phases_line(phases: dict) -> str:
-    return units.timings_line(phases, ("quiesce_s", "data_s", "control_s", "total_s"))
+    return figures.timings_line(phases, ("quiesce_s", "data_s", "control_s", "total_s"))
 
 
 def shim_environment(env: Mapping[str, str], arena: str | None = None, run_dir: str | None = None,
@@ -127,7 +127,7 @@ def checkpoint(jobid, pid, timeout_ms, run_dir, as_json, to_dir, leave_running):
         output.print_json("process-checkpoint", result)
         return
     n = len([p for p in result["processes"] if p["shim"] or p["cuda"]])
-    click.echo(f"checkpointed {pid} ({n} process{'es' if n != 1 else ''}, {units.size(result['bytes'])}): "
+    click.echo(f"checkpointed {pid} ({n} process{'es' if n != 1 else ''}, {figures.size(result['bytes'])}): "
                f"{_phases_line(result['phases'])}")
 
 
@@ -205,7 +205,7 @@ def restore(jobid, pid, source, resubmit, run_dir, as_json, pidns, rewind_files,
     if as_json:
         output.print_json("process-restore", result)
         return
-    click.echo(f"restored {pid} ({units.size(result['bytes'])}): {_phases_line(result['phases'])}")
+    click.echo(f"restored {pid} ({figures.size(result['bytes'])}): {_phases_line(result['phases'])}")
 
 
 def image_dir(source: str) -> str:
@@ -248,7 +248,7 @@ def status(jobid, run_dir, as_json):
             continue
         gpu = st.gpu_bytes + st.checkpointed_bytes + st.async_bytes
         state = st.state if st.cuda or st.state != "running" else "running(cpu)"
-        click.echo(f"{row.pid:>8}  {state:<13} {units.size(gpu):>10} {units.size(st.arena_bytes):>10}  "
+        click.echo(f"{row.pid:>8}  {state:<13} {figures.size(gpu):>10} {figures.size(st.arena_bytes):>10}  "
                    f"{nccl_column(st):<12} {row.cmd[:60]}")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from gpucr_hpc import units
+from gpucr_hpc import figures
 from gpucr_hpc.cli import output
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.process import image as process_image
@@ -19,11 +19,11 @@ def _print_report(kind: str, rep: dict, as_json: bool) -> None:
         output.print_json(f"process-{kind}", rep)
         return
     t = rep["timings"]
-    phases = units.timings_line(t)
+    phases = figures.timings_line(t)
     if kind == "checkpoint":
         state = "left running" if rep["leave_running"] else "stopped"
         click.echo(f"checkpointed PID {rep['pid']} ({len(rep['pids'])} processes, {state}) "
-                   f"to {rep['image']}: {units.size(rep['bytes'])}")
+                   f"to {rep['image']}: {figures.size(rep['bytes'])}")
     else:
         click.echo(f"restored {rep['image']} as PID {rep['pid']} "
                    f"({rep['pidns']} PID namespace, PID {rep['ns_pid']} inside)")

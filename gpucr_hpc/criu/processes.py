@@ -12,8 +12,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from gpucr_hpc.criu.procfs import fd_targets
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.procfs import fd_targets
 
 SYSTEM_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 from gpucr_hpc import config
-from gpucr_hpc.criu.flows import Flow, Spec
 from gpucr_hpc.criu.processes import Restored, criu_env, process_tree
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.tcp.flows import Flow, Spec
 
 RESULT = "result.json"
 INSTALL_FIX = ("install the root helper and its sudo rule on every node: make install (as root); "

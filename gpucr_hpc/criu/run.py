@@ -95,7 +95,7 @@ from gpucr_hpc.criu.processes import (
 from gpucr_hpc.errors import GpucrError
 
 if TYPE_CHECKING:
-    from gpucr_hpc.criu.flows import Spec
+    from gpucr_hpc.tcp.flows import Spec
 
 MIN_VERSION = (4, 1)
 DEFAULT_WRAPPER = "/opt/gpucr-hpc/bin/criu"
@@ -169,7 +169,7 @@ class Criu:
 
         `tcp_lock`: established TCP connections are dumped (their queues and
         sequence numbers), with CRIU's network lock ("nftables"), or none
-        ("skip": the caller holds the job's lock, criu/netlock).
+        ("skip": the caller holds the job's lock, tcp/lock).
         """
         if os.geteuid() != 0:
             from gpucr_hpc.criu import root_helper
@@ -229,7 +229,7 @@ class Criu:
         `tcp`: the images hold established TCP connections. `moved`: those of
         their ends that are elsewhere now ("addr:port" or "addr" -> new address),
         rewritten in a copy of the images (criu/tcp). `lock`: taken on the
-        restored connections just before CRIU runs (criu/netlock); the caller
+        restored connections just before CRIU runs (tcp/lock); the caller
         lets it go.
 
         An ordinary user's restore goes through the root helper (criu_helper),
@@ -245,7 +245,7 @@ class Criu:
 
             images_dir = criu_tcp.moved_copy(images_dir, work_dir / "moved-images", moved)
         if lock:
-            from gpucr_hpc.criu import netlock
+            from gpucr_hpc.tcp import lock as netlock
 
             netlock.lock(lock.name, lock.flows, lock.expires_s)
         pidfile = work_dir / "restore.pid"

@@ -17,8 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpucr_hpc import config, tcp_end
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.tcp import end as tcp_end
 
 FILES_IMAGE = "files.img"
 INSTALL_FIX = "run scripts/install-deps (as root): it installs CRIU 4.2 with its Python module"

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.mounts import MEMORY_FS, UNWRITABLE_FS, fs_type, huge_pages
+from gpucr_hpc.store.mounts import MEMORY_FS, UNWRITABLE_FS, fs_type, huge_pages
 
 KEY_FILE = Path("/etc/gpucr-hpc/image.key")
 SUDOERS = Path("/etc/sudoers.d/gpucr-hpc")
@@ -89,7 +89,7 @@ def criu_dumps_here() -> Check:
 
 
 def nft() -> Check:
-    from gpucr_hpc.criu import netlock
+    from gpucr_hpc.tcp import lock as netlock
 
     try:
         cmd = netlock.nft_command()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpucr_hpc import units
+from gpucr_hpc import figures
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.gpu.inventory import Gpu
 
@@ -125,12 +125,12 @@ def _no_room(image: list[ImageGpu], g: ImageGpu, here: list[Gpu], usable: list[G
     same = [h for h in usable if h.model == g.model]
     where = "is not on this node" if g.uuid not in {h.uuid for h in here} else (
         "is not usable by this restore (CUDA_VISIBLE_DEVICES)" if g.uuid not in {h.uuid for h in usable}
-        else f"has {units.size(next(h.free for h in usable if h.uuid == g.uuid))} free")
-    have = ", ".join(f"GPU {h.index} with {units.size(h.free)} free" for h in same) or "none"
+        else f"has {figures.size(next(h.free for h in usable if h.uuid == g.uuid))} free")
+    have = ", ".join(f"GPU {h.index} with {figures.size(h.free)} free" for h in same) or "none"
     n = sum(1 for x in image if x.model == g.model)
     model = g.model or "GPU"
     return GpucrError(
-        f"no GPU here to restore the image's {model} {g.uuid} onto ({units.size(g.need)} of data): "
+        f"no GPU here to restore the image's {model} {g.uuid} onto ({figures.size(g.need)} of data): "
         f"it {where}, and the image needs {n} {model}{'s' if n > 1 else ''} with room; "
         f"usable {model}s here: {have}",
         f"restore on a node with {n} free {model}{'s' if n > 1 else ''}, end other GPU processes "
@@ -147,9 +147,9 @@ def check_in_place(uuids: list[str], need: int, here: list[Gpu]) -> None:
     free = sum(h.free for h in mine)
     if not mine or need <= free:
         return
-    have = ", ".join(f"GPU {h.index} {units.size(h.free)}" for h in mine)
-    raise GpucrError(f"the image needs {units.size(need)} of GPU memory on the GPUs it had (an image of an "
-                     f"older gpucr-hpc goes back onto them), and they have {units.size(free)} free here ({have})",
+    have = ", ".join(f"GPU {h.index} {figures.size(h.free)}" for h in mine)
+    raise GpucrError(f"the image needs {figures.size(need)} of GPU memory on the GPUs it had (an image of an "
+                     f"older gpucr-hpc goes back onto them), and they have {figures.size(free)} free here ({have})",
                      "end other GPU processes on this node or restore on another one")
 
 
@@ -183,6 +183,6 @@ def _forced(image: list[ImageGpu], here: list[Gpu], force: list[str]) -> list[Gp
             raise GpucrError(f"--gpu {t.index} is a {t.model}, the image's {g.uuid} is a {g.model}",
                              "restore onto a GPU of the same model")
         if t.free < g.need:
-            raise GpucrError(f"--gpu {t.index} has {units.size(t.free)} free, the image holds {units.size(g.need)} "
+            raise GpucrError(f"--gpu {t.index} has {figures.size(t.free)} free, the image holds {figures.size(g.need)} "
                              f"of GPU data for it", "end other GPU processes there or pick another GPU")
     return targets

@@ -54,8 +54,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpucr_hpc import procfs, tcp_end
-from gpucr_hpc.criu import netlock, processes
+from gpucr_hpc.criu import processes, procfs
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.criu import tcp as criu_tcp
 from gpucr_hpc.errors import GpucrError
@@ -64,6 +63,8 @@ from gpucr_hpc.privileged import tcp as privileged_tcp
 from gpucr_hpc.privileged.checks import check_tree, tree_groups
 from gpucr_hpc.privileged.user_dirs import Caller
 from gpucr_hpc.slurm.signals import TASK_SIGNALS
+from gpucr_hpc.tcp import end as tcp_end
+from gpucr_hpc.tcp import lock as netlock
 
 RESULT = "result.json"
 CAP_SYS_RESOURCE = 24

@@ -19,10 +19,11 @@ import os
 import socket
 from pathlib import Path
 
-from gpucr_hpc import procfs, tcp_end
-from gpucr_hpc.criu import netlock
+from gpucr_hpc.criu import procfs
 from gpucr_hpc.criu import tcp as criu_tcp
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.tcp import end as tcp_end
+from gpucr_hpc.tcp import lock as netlock
 
 NOT_YOURS_FIX = "lock only the connections of your own job's processes"
 

@@ -47,12 +47,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpucr_hpc import config
-from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.gpu import inventory as gpu_inventory
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.tcp import lock as netlock
 
 SHIM_LIBS = ("libgpucr-cuda.so",)  # the shims there are (one: NVIDIA)
 
@@ -138,7 +138,7 @@ def checkpoint_to(pid: int, to_dir: str | Path, *, leave_running: bool = False,
     in_place.DEFAULT_TIMEOUT_MS); run_dir: where the shims' control sockets are
     (default shim_client.default_run_dir()). tcp_lock: dump established TCP
     connections, the network locked by CRIU ("nftables") or by the caller ("skip":
-    a job's agents lock every connection of its units, criu/netlock). on_phase(phase,
+    a job's agents lock every connection of its units, tcp/lock). on_phase(phase,
     bytes so far): told as each phase begins ("gpu", "dump", "write", "commit").
     checksums=False: to_dir is in node memory (a job's staging tier): CRIU dumps
     straight into it and its files are checksummed by the drain that copies them to

@@ -17,7 +17,8 @@ import os
 import socket
 from pathlib import Path
 
-from gpucr_hpc import config, procfs
+from gpucr_hpc import config
+from gpucr_hpc.criu import procfs
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.shim import protocol
 from gpucr_hpc.slurm.site import load_site

@@ -32,9 +32,9 @@ import h5py
 import numpy as np
 
 from gpucr_hpc import config
-from gpucr_hpc.mounts import in_node_memory
 from gpucr_hpc.shim.protocol import Blob
 from gpucr_hpc.store import writeback
+from gpucr_hpc.store.mounts import in_node_memory
 
 GROUP = "allocations"
 

@@ -35,7 +35,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from gpucr_hpc import config
-from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu import run as criu_mod
 from gpucr_hpc.errors import GpucrError, NoGpuState, NotCheckpointed
 from gpucr_hpc.job import generations, nccl_ranks
@@ -48,6 +47,7 @@ from gpucr_hpc.process import image as process_image
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import files as image_files
 from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.tcp import lock as netlock
 
 
 def save_output(path: str, size: int, dest: Path) -> None:

@@ -7,7 +7,7 @@ listening); the lists of all nodes together decide, before anything is dumped:
   both ends of the tree);
 * a connection between two units of the job (two ranks, on one node or two)
   moves too, if both ends are dumped while the job's connections are locked
-  on every node (criu/netlock) and restored before they are unlocked;
+  on every node (tcp/lock) and restored before they are unlocked;
 * a connection to anything else (a server elsewhere, another job's process)
   cannot move: the checkpoint is refused, naming both ends.
 
@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gpucr_hpc import procfs, tcp_end
+from gpucr_hpc.criu import procfs
+from gpucr_hpc.tcp import end as tcp_end
 
 
 @dataclass(frozen=True)

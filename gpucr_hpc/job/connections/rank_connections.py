@@ -12,7 +12,7 @@ every unit knows where every peer goes without asking:
   listening ones too; an end on a loopback address stays, since its peer
   shares the namespace, and so does one bound to any address;
 * a rank with connections to other ranks is restored with them locked
-  (criu/netlock) and they are let go only once every rank is back: a packet
+  (tcp/lock) and they are let go only once every rank is back: a packet
   reaching a peer that is not restored yet would reset the connection. A
   rank that is not back in GPUCR_RANKS_BACK_TIMEOUT seconds: the job is held.
 """
@@ -26,10 +26,11 @@ import socket
 import time
 from pathlib import Path
 
-from gpucr_hpc import config, tcp_end
-from gpucr_hpc.criu import netlock
+from gpucr_hpc import config
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.slurm import commands as slurm
+from gpucr_hpc.tcp import end as tcp_end
+from gpucr_hpc.tcp import lock as netlock
 
 POLL_S = 0.1
 

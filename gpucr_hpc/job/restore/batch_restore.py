@@ -35,7 +35,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from gpucr_hpc import config
-from gpucr_hpc.criu import netlock
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import dirs as job_dirs
@@ -51,6 +50,7 @@ from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.site import load_site, node_name
 from gpucr_hpc.store import files as image_store
 from gpucr_hpc.store import manifest as mf
+from gpucr_hpc.tcp import lock as netlock
 
 RANKS_BACK = "ranks-back"  # one file per rank restored by the running restore step
 LOCK_WAIT_S = 60.0  # a command that holds the job's lock as its next run starts

@@ -16,8 +16,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from gpucr_hpc import config, procfs
-from gpucr_hpc.criu import netlock
+from gpucr_hpc import config
+from gpucr_hpc.criu import procfs
 from gpucr_hpc.criu.run import end_tree
 from gpucr_hpc.errors import GpucrError
 from gpucr_hpc.job import generations, nccl_ranks
@@ -29,6 +29,7 @@ from gpucr_hpc.job.restore_log import say as kept_say
 from gpucr_hpc.slurm import commands as slurm
 from gpucr_hpc.slurm.signals import ENDING_SIGNALS, TASK_SIGNALS
 from gpucr_hpc.slurm.site import load_site
+from gpucr_hpc.tcp import lock as netlock
 
 LAUNCH_SETTLE_S = 3.0
 

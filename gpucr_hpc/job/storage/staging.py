@@ -32,8 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gpucr_hpc.errors import GpucrError
-from gpucr_hpc.mounts import UNWRITABLE_FS, fs_type
 from gpucr_hpc.slurm.site import Site, expand
+from gpucr_hpc.store.mounts import UNWRITABLE_FS, fs_type
 
 MARGIN = 1.2  # CRIU's image of anonymous memory against that memory (its own records)
 

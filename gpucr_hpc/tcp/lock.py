@@ -31,11 +31,12 @@ import subprocess
 import threading
 import time
 
-from gpucr_hpc import config, tcp_end
-from gpucr_hpc.criu.flows import Flow as Flow
-from gpucr_hpc.criu.flows import Spec as Spec
+from gpucr_hpc import config
 from gpucr_hpc.criu.processes import system_tool
 from gpucr_hpc.errors import GpucrError
+from gpucr_hpc.tcp import end as tcp_end
+from gpucr_hpc.tcp.flows import Flow as Flow
+from gpucr_hpc.tcp.flows import Spec as Spec
 
 INSTALL_FIX = "run scripts/install-deps (as root): it installs nft with CRIU 4.2"
 TABLE_PREFIX = "gpucr_"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from gpucr_hpc import tcp_end
+from gpucr_hpc.tcp import end as tcp_end
 
 ESTABLISHED, LISTEN = "01", "0A"  # /proc/net/tcp states
 

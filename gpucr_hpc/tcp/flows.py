@@ -1,4 +1,4 @@
-"""The TCP connections a lock holds (criu/netlock.py), as the lock, the root
+"""The TCP connections a lock holds (tcp/lock.py), as the lock, the root
 helper and the restore pass them on."""
 
 from __future__ import annotations
