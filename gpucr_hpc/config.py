@@ -293,6 +293,9 @@ SETTINGS: tuple[Setting, ...] = (
        "test", set_by=("test",)),
     _s("GPUCR_CRIU_SUITE", "text", "sid",
        "The Debian suite `scripts/install-deps` takes CRIU (4.2 or newer) and its runtime from.", "scripts"),
+    _s("GPUCR_TEST_WORKERS", "int", "2",
+       "How many pytest workers `scripts/run-tests` runs the cluster tests in, each with a test cluster "
+       "of its own.", "scripts", set_by=("scripts",)),
     _s("GPUCR_TESTCLUSTER_DIR", "path", "/tmp/gpucr-testcluster", "Where the test cluster lives.", "scripts",
        set_by=("test", "scripts")),
     _s("GPUCR_TESTCLUSTER_NODES", "int", "3", "How many slurmd the test cluster runs.", "scripts",

@@ -15,6 +15,15 @@ from user_helpers import USERS, ensure_user, owned_dir
 REPO = Path(__file__).resolve().parent.parent
 TESTCLUSTER = REPO / "scripts" / "testcluster"
 
+# Cluster tests run in parallel (pytest -n N, scripts/run-tests): each worker but the
+# first gets a test cluster of its own, with its own state folder, ports, subnet and
+# job ids (scripts/testcluster), set here so that every command a test runs reaches it.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+if _WORKER != "gw0" and "GPUCR_TESTCLUSTER_DIR" not in os.environ:
+    _n = int(_WORKER.removeprefix("gw"))
+    os.environ["GPUCR_TESTCLUSTER_DIR"] = f"/tmp/gpucr-testcluster-{_WORKER}"
+    os.environ["GPUCR_TESTCLUSTER_PORT"] = str(16817 + 100 * _n)
+
 
 def gpu_present() -> bool:
     smi = shutil.which("nvidia-smi")

@@ -99,17 +99,15 @@ def finished_once(cluster, jobid, logs, out, steps, restarts):
     assert text.count("after srun rc=0") == 1, text
 
 
-@pytest.mark.soak
-def test_two_node_job_through_ten_preemptions_and_twenty_suspends(slurm_cluster, workdir):
-    """The soak: 2 nodes x 2 ranks through 10 preempt -> requeue -> restore cycles
-    (every other cycle one of the job's nodes is drained, so the job moves), and
-    after each restore suspended and resumed twice (gpucr-hpc, then scontrol); it
-    ends COMPLETED with every rank counted once."""
-    steps = 5000
+def preemptions_and_suspends(slurm_cluster, workdir, cycles: int, steps: int) -> None:
+    """2 nodes x 2 ranks through `cycles` preempt -> requeue -> restore cycles (every
+    other cycle one of the job's nodes is drained, so the job moves), and after each
+    restore suspended and resumed twice (gpucr-hpc, then scontrol); it ends
+    COMPLETED with every rank counted once."""
     jobid, logs, out = two_node_job(slurm_cluster, workdir, steps)
     drained = None
     try:
-        for cycle in range(1, 11):
+        for cycle in range(1, cycles + 1):
             if cycle % 2 == 0:
                 drained = sorted(nodes_of(slurm_cluster, jobid))[0]
                 slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=DRAIN",
@@ -125,11 +123,23 @@ def test_two_node_job_through_ten_preemptions_and_twenty_suspends(slurm_cluster,
             slurm_cluster.run("scontrol", "suspend", jobid)
             suspended_then_resumed(slurm_cluster, jobid, logs,
                                    lambda: slurm_cluster.run("scontrol", "resume", jobid))
-        finished_once(slurm_cluster, jobid, logs, out, steps, 10)
+        finished_once(slurm_cluster, jobid, logs, out, steps, cycles)
     finally:
         if drained:
             slurm_cluster.run("scontrol", "update", f"NodeName={drained}", "State=RESUME", check=False)
         slurm_cluster.run("scancel", jobid, check=False)
+
+
+def test_two_node_job_through_three_preemptions_and_six_suspends(slurm_cluster, workdir):
+    """In every run: a restored job preempted again, once after moving off a drained
+    node, suspended and resumed both ways after each restore."""
+    preemptions_and_suspends(slurm_cluster, workdir, cycles=3, steps=2000)
+
+
+@pytest.mark.soak
+def test_two_node_job_through_ten_preemptions_and_twenty_suspends(slurm_cluster, workdir):
+    """The soak (scripts/run-tests -m soak): ten cycles, the job moving every other one."""
+    preemptions_and_suspends(slurm_cluster, workdir, cycles=10, steps=5000)
 
 
 @pytest.mark.soak

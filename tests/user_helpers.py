@@ -1,5 +1,6 @@
 """Ordinary users for the tests: created once, commands run as them with runuser."""
 
+import fcntl
 import os
 import pwd
 import subprocess
@@ -10,12 +11,15 @@ USERS = ("gpucrtest", "gpucrtest2")
 
 
 def ensure_user(name: str) -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", name],
-                       check=True, capture_output=True)
-        return pwd.getpwnam(name)
+    # tests in parallel workers (pytest -n) create the same users: one at a time
+    with open("/tmp/gpucr-test-users.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/bash", name],
+                           check=True, capture_output=True)
+            return pwd.getpwnam(name)
 
 
 def as_user(user: pwd.struct_passwd, *argv, env=None, timeout=120, **kw):
