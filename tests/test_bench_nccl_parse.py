@@ -1,4 +1,4 @@
-"""scripts/nccl_gpu_verify.py and scripts/bench_nccl.py without a GPU: NCCL's
+"""gpu-checks/nccl_gpu_verify.py and bench/bench_nccl.py without a GPU: NCCL's
 transport from its INFO log, the step timings, the driver helper's protocol (a fake
 driver), a whole verification of a fake torchrun job whose cycles stop and continue
 its ranks (SIGSTOP/SIGCONT), and the benchmark's record of a case."""
@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "gpu-checks"))
+sys.path.insert(0, str(REPO / "bench"))
 
 import bench_nccl  # noqa: E402
 import nccl_gpu_verify as v  # noqa: E402
+from common.stats import median  # noqa: E402
 
 P2P = "h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
 NET = "h:1:1 [1] NCCL INFO Channel 01/0 : 1[1] -> 0[0] [send] via NET/Socket/0"
@@ -33,8 +35,9 @@ def test_transport_of_names_the_leading_word():
 
 
 def test_median_and_step_lines():
-    assert v.median([3, None, 1, 2]) == 2
-    assert v.median([]) is None and v.median([None]) is None
+    assert median([3, None, 1, 2]) == 2
+    assert median([]) is None and median([None]) is None
+    assert median([0.1234567, 0.2], digits=6) == pytest.approx(0.161728)
     assert v.parse_step("rank 1 step 12 0x1.8p+0") == (1, 12)
     assert v.parse_step("rank 1 checksum abc") is None
 
@@ -64,7 +67,7 @@ class NvidiaDriver:
 FAIL = {fail}
 m = types.ModuleType("gpucr_hpc.gpu.driver_nvidia"); m.NvidiaDriver = NvidiaDriver
 sys.modules["gpucr_hpc.gpu.driver_nvidia"] = m
-sys.path.insert(0, {scripts!r})
+sys.path.insert(0, {gpu_checks!r})
 import nccl_gpu_verify
 sys.exit(nccl_gpu_verify.main(["_driver_helper", "11", "12"]))
 """
@@ -72,7 +75,7 @@ sys.exit(nccl_gpu_verify.main(["_driver_helper", "11", "12"]))
 
 @pytest.mark.parametrize("fail", [False, True])
 def test_driver_helper_protocol(fail):
-    code = FAKE_DRIVER.format(fail=fail, scripts=str(REPO / "scripts"))
+    code = FAKE_DRIVER.format(fail=fail, gpu_checks=str(REPO / "gpu-checks"))
     r = subprocess.run([sys.executable, "-c", code], input="checkpoint\nrestore\nquit\n", capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -198,6 +201,6 @@ def test_bench_case_record_and_floor(tmp_path):
 
 
 def test_bench_help():
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_nccl.py"), "--help"], capture_output=True,
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "bench_nccl.py"), "--help"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "--time-limit" in r.stdout

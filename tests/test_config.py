@@ -27,13 +27,16 @@ def check(script: Path) -> subprocess.CompletedProcess:
 
 
 def used_names() -> dict[str, set[str]]:
-    """GPUCR_ names in the Python package, the srun wrapper, the scripts and the guides (anywhere),
+    """GPUCR_ names in the Python package, the srun wrapper, the scripts, benchmarks and GPU checks
+    (scripts/, bench/, gpu-checks/; not bench/results/) and the guides (anywhere),
     and in string literals of the shim's (its C unit tests' too) and the plugin's C (the rest there
     is macros and enums).
     A name ending in _ is a prefix (`GPUCR_COPY_ variables`, `GPUCR_BATCH_*`)."""
     found: dict[str, set[str]] = {}
     plain = [*(REPO / "gpucr_hpc").rglob("*.py"), REPO / "spank" / "srun-wrapper",
-             *(p for p in (REPO / "scripts").iterdir() if p.is_file()), *(REPO / "site" / "docs").glob("*.md")]
+             *(p for d in ("scripts", "bench", "bench/common", "gpu-checks") for p in (REPO / d).iterdir()
+               if p.is_file()),
+             *(REPO / "site" / "docs").glob("*.md")]
     c_files = [*(REPO / "shim").glob("*.[ch]"), *(REPO / "shim" / "tests").glob("*.[ch]"),
                *(REPO / "spank").glob("*.[ch]")]
     for path in plain + c_files:

@@ -1,6 +1,6 @@
 """On a GPU machine: the copy helper path (GPUCR_COPY_HELPER, shim/helper.c,
 gpucr_hpc/shim/copy_helper.py) under real GPU programs, driven by
-scripts/shim_gpu_verify.py --copy-helper, every check asserted: the helper moved
+gpu-checks/shim_gpu_verify.py --copy-helper, every check asserted: the helper moved
 the data both ways in every cycle, every other restore was prefilled beside the
 driver restore, the program's output is bit-identical to an uninterrupted run,
 the GPU memory was yielded and nothing leaked. And when the helper dies
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 
 def verify(tmp_path, cuda_bin, workload, *extra):
     out = tmp_path / "verify.json"
-    r = subprocess.run([sys.executable, str(REPO / "scripts/shim_gpu_verify.py"), "--out", str(out),
+    r = subprocess.run([sys.executable, str(REPO / "gpu-checks/shim_gpu_verify.py"), "--out", str(out),
                         "--only", workload, "--leak-cycles", "4", "--cycles", "4", "--ballast-gib", "4",
                         "--cuda-bin", str(cuda_bin), "--run-dir", str(tmp_path / "run"), "--copy-helper", *extra],
                        capture_output=True, text=True, timeout=900)

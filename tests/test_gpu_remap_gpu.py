@@ -5,7 +5,7 @@ A PyTorch training process under the shim, on GPU 0, is checkpointed to disk, ki
 and restored with `restore --from IMG --gpu 1`, again by a restore that may use GPU 1
 only (no --gpu: the plan moves it), and, seeing both GPUs, with `--gpu 1,0`. Each time
 it must run on GPU 1 (nvidia-smi and the restore report) and finish bit-identical to an
-uninterrupted run. Driven by scripts/gpu_remap_verify.py; every check it makes is
+uninterrupted run. Driven by gpu-checks/gpu_remap_verify.py; every check it makes is
 asserted here.
 """
 
@@ -31,7 +31,7 @@ def test_pytorch_process_restores_onto_the_other_gpu(tmp_path):
     build_shim()
     results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
     out = results / "gpu-remap-test.json"
-    r = subprocess.run([sys.executable, str(REPO / "scripts/gpu_remap_verify.py"), "--out", str(out),
+    r = subprocess.run([sys.executable, str(REPO / "gpu-checks/gpu_remap_verify.py"), "--out", str(out),
                         "--image-root", str(tmp_path / "images")],
                        capture_output=True, text=True, timeout=900)
     (results / "gpu-remap-verify.log").write_text(r.stdout + r.stderr)  # its step-by-step log

@@ -1,5 +1,5 @@
 """Issue 16, items 3 and 4, on a GPU machine (marked gpu, skipped elsewhere), driven by
-scripts/gpu_yield_jax_verify.py; every check it makes is asserted here.
+gpu-checks/gpu_yield_jax_verify.py; every check it makes is asserted here.
 
 * A PyTorch decode loop restored from an image in a new PID namespace (as a Slurm
   restore does) yields like a fresh process: `checkpoint --pid` goes through its
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 def _verify(tmp_path, *only) -> dict:
     results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
     out = results / f"gpu-yield-jax-{'-'.join(only)}.json"
-    r = subprocess.run([sys.executable, str(REPO / "scripts/gpu_yield_jax_verify.py"), "--out", str(out),
+    r = subprocess.run([sys.executable, str(REPO / "gpu-checks/gpu_yield_jax_verify.py"), "--out", str(out),
                         "--work", str(tmp_path / "work"), "--only", *only],
                        capture_output=True, text=True, timeout=900)
     assert out.exists(), f"no result written: {r.stdout[-2000:]} {r.stderr[-2000:]}"

@@ -9,7 +9,7 @@ repeated or skipped, same losses, same checksum. While the job waits, the GPU
 is back to its idle memory. Once with `gpucr-hpc preempt JOBID`, once preempted
 by an urgent job (no gpucr-hpc command at all), once with the site's fast path
 (the copy helper and the arena made ahead) in plugstack.conf. Figures go to
-$GPUCR_RESULTS_DIR/job-gpu-slurm.json (scripts/device-gpu-slurm).
+$GPUCR_RESULTS_DIR/job-gpu-slurm.json (gpu-checks/device-gpu-slurm).
 """
 
 import datetime

@@ -3,7 +3,7 @@ per node, of a program built against the stand-in libnccl (tests/nccl_fake: NCCL
 exported names, no GPU; it aborts on any use of a destroyed communicator). The
 node agents bring both ranks to one cut, tear their communicators down, and
 rebuild them after a suspend, a checkpoint, and a preemption with its requeue and
-CRIU restore. The real NCCL runs in scripts/nccl_gpu_verify.py on GPUs."""
+CRIU restore. The real NCCL runs in gpu-checks/nccl_gpu_verify.py on GPUs."""
 
 import os
 import subprocess

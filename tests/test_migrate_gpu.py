@@ -5,7 +5,7 @@ the shim is checkpointed to disk with `gpucr-hpc checkpoint --pid --to`, killed,
 restored with `restore --from`, and finishes bit-identical to an uninterrupted run
 (loss of every step and the parameter checksum); the same with --leave-running
 (the original and the restored copy both identical), and that image restored a
-second time in a new PID namespace. Driven by scripts/migrate_gpu_verify.py;
+second time in a new PID namespace. Driven by gpu-checks/migrate_gpu_verify.py;
 every check it makes is asserted here.
 
 Without a GPU: the arena <-> HDF5 copy of gpu_image against a live (CPU) process.
@@ -175,7 +175,7 @@ def test_pytorch_process_migrates_bit_identically(tmp_path, helper):
     results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
     out = results / ("migrate-gpu-test-helper.json" if helper else "migrate-gpu-test.json")
     extra = ["--copy-helper", "--only", "kill"] if helper else ["--again"]
-    r = subprocess.run([sys.executable, str(REPO / "scripts/migrate_gpu_verify.py"), "--out", str(out),
+    r = subprocess.run([sys.executable, str(REPO / "gpu-checks/migrate_gpu_verify.py"), "--out", str(out),
                         "--image-root", str(tmp_path / "images"), "--steps", "60", "--checkpoint-at", "20",
                         "--ballast-gib", "2", *extra],
                        capture_output=True, text=True, timeout=1200)
@@ -226,7 +226,7 @@ def test_framework_process_migrates_bit_identically(tmp_path, workload, mode):
     results = Path(os.environ.get("GPUCR_RESULTS_DIR") or tmp_path)
     out = results / f"migrate-gpu-{workload.split('.')[0]}-{mode or 'triton'}.json"
     env = dict(os.environ, **({"COMPILE_MODE": mode} if mode else {}))
-    r = subprocess.run([sys.executable, str(REPO / "scripts/migrate_gpu_verify.py"), "--out", str(out),
+    r = subprocess.run([sys.executable, str(REPO / "gpu-checks/migrate_gpu_verify.py"), "--out", str(out),
                         "--image-root", str(tmp_path / "images"), "--workload",
                         str(REPO / "tests" / "shim_workloads" / workload), "--steps", "60",
                         "--checkpoint-at", "20", "--ballast-gib", "1", "--only", "kill"],

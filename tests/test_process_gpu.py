@@ -1,5 +1,5 @@
 """On a GPU machine: checkpoint/restore in place of real GPU programs under the
-shim (scripts/shim_gpu_verify.py), each check asserted. Skipped without a GPU."""
+shim (gpu-checks/shim_gpu_verify.py), each check asserted. Skipped without a GPU."""
 
 import json
 import subprocess
@@ -20,7 +20,7 @@ def test_triton_through_the_shims_yield_alone(tmp_path):
     about every pointer first; it must wait, not be told the memory is gone."""
     pytest.importorskip("triton")
     out = tmp_path / "verify.json"
-    r = subprocess.run([sys.executable, str(REPO / "scripts/shim_gpu_verify.py"), "--out", str(out),
+    r = subprocess.run([sys.executable, str(REPO / "gpu-checks/shim_gpu_verify.py"), "--out", str(out),
                         "--only", "triton", "--shim-only", "--leak-cycles", "3", "--hold-s", "2",
                         "--ballast-gib", "1", "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=600)
@@ -44,7 +44,7 @@ def test_checkpoint_restore_in_place(workload, cuda_bin, tmp_path):
         pytest.importorskip("cupy")
     out = tmp_path / "verify.json"
     hold = ["--hold-s", "2"] if workload in FRAMEWORKS else []
-    r = subprocess.run([sys.executable, str(REPO / "scripts/shim_gpu_verify.py"), "--out", str(out),
+    r = subprocess.run([sys.executable, str(REPO / "gpu-checks/shim_gpu_verify.py"), "--out", str(out),
                         "--only", workload, "--leak-cycles", "3", "--cycles", "3", "--ballast-gib", "4",
                         "--cuda-bin", str(cuda_bin), "--run-dir", str(tmp_path / "run")] + hold,
                        capture_output=True, text=True, timeout=900)
