@@ -80,7 +80,7 @@ FAULTS = {
                    "(tests/test_job_stage.py)",
     "copy_helper_in_done": "the copy helper says the copies of the first `in` failed, so that a GPU "
                            "test sees the process fall back to its own data path without loss "
-                           "(`scripts/shim_gpu_verify.py --helper-fails-copy`)",
+                           "(`gpu-checks/shim_gpu_verify.py --helper-fails-copy`)",
 }
 
 _JOB = ("plugin",)
@@ -198,7 +198,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GPUCR_LOAD_DIRECT", "flag", "0",
        "`1`: `restore --from` reads the GPU data of the image with O_DIRECT (bypassing the page cache) where "
        "the file system allows it. Off by default: on the H100 machine's disk it read slower so "
-       "(`scripts/bench_image_io.py` compares both on yours).",
+       "(`bench/bench_image_io.py` compares both on yours).",
        "python"),
     _s("GPUCR_DRAIN_WAIT", "seconds", "900",
        "How long a restarting job, or a rank restored on another node than the one that staged it, waits "
