@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -23,7 +24,10 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include "gpucr.h"
+#include "arena.h"
+#include "log.h"
+#include "mem_room.h"
+#include "numa.h"
 
 #define HUGETLBFS_MAGIC_ 0x958458f6
 #ifndef MADV_POPULATE_WRITE
@@ -811,10 +815,6 @@ void gpucr_arena_after_fork_child(void)
     nsegs = 0;
     setup_s = 0;
 }
-
-/* Every mapped segment keeps its descriptor now (the agent may link its file):
- * nothing is left to ask for. */
-void gpucr_arena_keep_fds(void) {}
 
 int gpucr_arena_locate(const void *host, int *seg, size_t *offset)
 {

@@ -17,6 +17,7 @@
  * again a minute later, a few times. With GPUCR_ARENA_REPORT these one-time
  * costs are told on stderr. */
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,7 +25,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hooks.h"
+#include "arena.h"
+#include "arena_ready.h"
+#include "checkpoint.h"
+#include "contexts.h"
+#include "datapath.h"
+#include "driver.h"
+#include "helper.h"
+#include "log.h"
+#include "table.h"
 
 #define POLL_US 200000           /* how often auto looks at the footprint */
 #define HELPER_RETRY_S 60.0      /* auto: how often to look for a missing helper again */

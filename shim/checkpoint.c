@@ -22,7 +22,24 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hooks.h"
+#include "arena.h"
+#include "checkpoint.h"
+#include "contexts.h"
+#include "control.h"
+#include "copy_engine.h"
+#include "copy_stats.h"
+#include "datapath.h"
+#include "driver.h"
+#include "gate.h"
+#include "helper.h"
+#include "hooks_async.h"
+#include "hooks_vmm.h"
+#include "json.h"
+#include "log.h"
+#include "mapping.h"
+#include "nccl_cut.h"
+#include "protocol_keys.h"
+#include "table.h"
 
 #define MAX_CTX 16
 
@@ -38,9 +55,9 @@ static uint64_t last_bytes;
 static int fail(struct jbuf *out, int outcome, const char *reason, const char *msg)
 {
     jb_begin(out);
-    jb_bool(out, "ok", 0);
-    jb_str(out, "error", msg);
-    jb_str(out, "reason", reason);
+    jb_bool(out, KEY_ok, 0);
+    jb_str(out, KEY_error, msg);
+    jb_str(out, KEY_reason, reason);
     jb_end(out);
     return outcome;
 }
@@ -51,7 +68,7 @@ static void err(struct jbuf *out, const char *msg) { fail(out, GPUCR_FAILED, "fa
 static void ok_with(struct jbuf *out, const char *key, int v)
 {
     jb_begin(out);
-    jb_bool(out, "ok", 1);
+    jb_bool(out, KEY_ok, 1);
     jb_bool(out, key, v);
     jb_end(out);
 }
@@ -68,20 +85,20 @@ static const char *cu_name(CUresult r)
 static void jb_data_path(struct jbuf *out, const struct gpucr_xfer *x)
 {
     const struct gpucr_copy_stats *cs = &x->cs;
-    jb_str(out, "data_path", x->by->name);
+    jb_str(out, KEY_data_path, x->by->name);
     if (x->fallback)
-        jb_str(out, "helper_fallback", x->fallback);
-    jb_i64(out, "copy_threads", cs->threads);
+        jb_str(out, KEY_helper_fallback, x->fallback);
+    jb_i64(out, KEY_copy_threads, cs->threads);
     if (cs->nsteps) {
-        jb_key_obj(out, "helper_steps");
+        jb_key_obj(out, KEY_helper_steps);
         for (int i = 0; i < cs->nsteps; i++)
             jb_f64(out, cs->steps[i].name, cs->steps[i].s);
         jb_end(out);
     }
     if (!cs->bounce)
         return;
-    jb_str(out, "copy_stores", cs->streaming ? "streaming" : "cached");
-    jb_str(out, "copy_wait", cs->blocking ? "block" : "spin");
+    jb_str(out, KEY_copy_stores, cs->streaming ? "streaming" : "cached");
+    jb_str(out, KEY_copy_wait, cs->blocking ? "block" : "spin");
 }
 
 int gpucr_host_register(void *base, size_t size)
@@ -99,26 +116,13 @@ int gpucr_checkpoint_running(void) { return __atomic_load_n(&state, __ATOMIC_REL
 
 /* ---- what cannot be checkpointed ---------------------------------------- */
 
-struct refuse_scan {
-    int exported, imported;
-};
-
-static void scan_phys(struct gpucr_phys *p, void *arg)
-{
-    struct refuse_scan *s = arg;
-    if (p->flags & PHYS_EXPORTED)
-        s->exported++;
-    if (p->flags & PHYS_IMPORTED)
-        s->imported++;
-}
-
 static int refusal(char *why, size_t len)
 {
-    struct refuse_scan s = {0, 0};
+    size_t exported, imported;
     gpucr_table_lock();
     size_t managed = gpucr_set_count(SET_MANAGED);
     size_t legacy = gpucr_set_count(SET_IPC_LEGACY), opened = gpucr_set_count(SET_IPC_OPENED);
-    gpucr_phys_foreach(scan_phys, &s);
+    gpucr_phys_count_shared(&exported, &imported);
     int mps = 0;
     const struct u64map *ctxs = gpucr_set_map(SET_CTX);
     U64MAP_FOREACH(ctxs, i) {
@@ -131,10 +135,10 @@ static int refusal(char *why, size_t len)
         snprintf(why, len, "checkpoint refused: the process uses managed (UVM) memory (%zu allocation%s), which the driver "
                  "cannot checkpoint; it keeps running (cudaMalloc instead of cudaMallocManaged makes it checkpointable)",
                  managed, managed == 1 ? "" : "s");
-    else if (s.exported || legacy || gpucr_ipc_sticky)
+    else if (exported || legacy || gpucr_ipc_sticky)
         snprintf(why, len, "checkpoint refused: the process exports GPU memory to other processes (CUDA IPC), which the "
                  "driver cannot checkpoint; it keeps running");
-    else if (s.imported || opened)
+    else if (imported || opened)
         snprintf(why, len, "checkpoint refused: the process maps GPU memory of another process (CUDA IPC), which the "
                  "driver cannot checkpoint; it keeps running");
     else if (__atomic_load_n(&gpucr_multicast, __ATOMIC_RELAXED))
@@ -284,18 +288,18 @@ static void put_blob(struct gpucr_phys *p, void *arg)
         return;
     snprintf(key, sizeof key, "%d", b->n++);
     jb_key_obj(b->out, key);
-    jb_u64(b->out, "handle", p->vhandle);
-    jb_u64(b->out, "va", p->copy_va); /* its whole mapping; 0 when not mapped whole */
-    jb_u64(b->out, "size", p->size);
-    jb_i64(b->out, "device", p->device);
-    jb_u64(b->out, "host", (uint64_t)(uintptr_t)p->host);
+    jb_u64(b->out, KEY_handle, p->vhandle);
+    jb_u64(b->out, KEY_va, p->copy_va); /* its whole mapping; 0 when not mapped whole */
+    jb_u64(b->out, KEY_size, p->size);
+    jb_i64(b->out, KEY_device, p->device);
+    jb_u64(b->out, KEY_host, (uint64_t)(uintptr_t)p->host);
     jb_end(b->out);
 }
 
 static void put_blobs(struct jbuf *out)
 {
     struct blob_list b = {out, 0};
-    jb_key_obj(out, "blobs");
+    jb_key_obj(out, KEY_blobs);
     gpucr_table_lock();
     gpucr_phys_foreach(put_blob, &b);
     gpucr_table_unlock();
@@ -311,7 +315,7 @@ static void put_device_uuids(struct jbuf *out)
     int n = 0;
     if (!gpucr_drv.cuDeviceGetCount || !gpucr_drv.cuDeviceGet || !gpucr_drv.cuDeviceGetUuid_v2 || gpucr_drv.cuDeviceGetCount(&n) != CUDA_SUCCESS)
         return;
-    jb_key_obj(out, "device_uuids");
+    jb_key_obj(out, KEY_device_uuids);
     for (int i = 0; i < n; i++) {
         CUdevice dev;
         CUuuid u;
@@ -337,71 +341,6 @@ static void clear_copy_state(struct gpucr_phys *p, void *arg)
 
 /* ---- commands -------------------------------------------------------------- */
 
-static void status_phys(struct gpucr_phys *p, void *arg)
-{
-    uint64_t *acc = arg; /* [0] resident bytes, [1] checkpointed bytes */
-    if (p->dropped != PHYS_RESIDENT)
-        acc[1] += p->size;
-    else
-        acc[0] += p->size;
-}
-
-void gpucr_cmd_status(struct jbuf *out)
-{
-    uint64_t acc[2] = {0, 0};
-    struct refuse_scan shared = {0, 0};
-    gpucr_table_lock();
-    gpucr_phys_foreach(status_phys, acc);
-    gpucr_phys_foreach(scan_phys, &shared);
-    size_t nphys = gpucr_phys_count(), nmaps = gpucr_map_count();
-    size_t nasync = gpucr_set_count(SET_ASYNC), nmanaged = gpucr_set_count(SET_MANAGED);
-    uint64_t async_bytes = gpucr_set_sum(SET_ASYNC);
-    size_t ipc = gpucr_set_count(SET_IPC_OPENED) + gpucr_ipc_sticky + (size_t)shared.imported;
-    /* a legacy export of a shim-owned allocation is both in the set and flagged */
-    ipc += gpucr_set_count(SET_IPC_LEGACY) > (size_t)shared.exported ? gpucr_set_count(SET_IPC_LEGACY) : (size_t)shared.exported;
-    gpucr_table_unlock();
-    jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_i64(out, "pid", getpid());
-    jb_i64(out, "ppid", getppid());
-    jb_i64(out, "uid", getuid());
-    jb_str(out, "state", state == ST_RUNNING ? "running" : "checkpointed");
-    jb_bool(out, "cuda", gpucr_driver_loaded());
-    jb_u64(out, "gpu_bytes", acc[0]);
-    jb_u64(out, "checkpointed_bytes", acc[1]);
-    jb_u64(out, "allocations", nphys);
-    jb_u64(out, "mappings", nmaps);
-    jb_u64(out, "async_allocations", nasync);
-    jb_u64(out, "async_bytes", async_bytes);
-    jb_u64(out, "managed_allocations", nmanaged);
-    jb_u64(out, "ipc_in_use", ipc);
-    jb_u64(out, "multicast_objects", __atomic_load_n(&gpucr_multicast, __ATOMIC_RELAXED));
-    jb_u64(out, "arena_bytes", gpucr_arena_capacity());
-    jb_u64(out, "arena_used", gpucr_arena_used());
-    jb_i64(out, "arena_segments", gpucr_arena_segments());
-    jb_str(out, "arena_dir", gpucr_arena_dir());
-    jb_bool(out, "arena_hugetlb", gpucr_arena_is_hugetlb());
-    jb_i64(out, "numa_node", gpucr_numa_node_known());
-    jb_str(out, "numa_error", gpucr_numa_error());
-    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() + gpucr_staging_seconds() + gpucr_arena_helper_seconds());
-    jb_f64(out, "helper_setup_s", gpucr_arena_helper_seconds());
-    jb_bool(out, "arena_ready", gpucr_arena_ready());
-    jb_str(out, "arena_prealloc", gpucr_arena_ready_mode());
-    jb_bool(out, "arena_pinned", gpucr_pin_arena);
-    jb_u64(out, "staging_bytes", gpucr_staging_bytes());
-    jb_i64(out, "arena_detached", gpucr_arena_detached());
-    jb_str(out, "copy_helper", gpucr_helper_enabled() ? gpucr_helper_path() : "");
-    jb_i64(out, "helper_segments", gpucr_helper_enabled() ? gpucr_helper_segments() : 0);
-    jb_bool(out, "gate_closed", gpucr_gate_is_closed());
-    jb_u64(out, "gate_waits", gpucr_gate_waits());
-    jb_bool(out, "vmm_backing", gpucr_vmm_backing);
-    jb_u64(out, "getproc_hooked", gpucr_stat_getproc_hooked);
-    jb_u64(out, "dlsym_hooked", gpucr_stat_dlsym_hooked);
-    jb_str(out, "socket", gpucr_control_path());
-    gpucr_nccl_status(out);
-    jb_end(out);
-}
-
 int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
 {
     char why[256];
@@ -413,7 +352,7 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     if (!gpucr_driver_loaded()) { /* a CPU process: nothing on the GPU */
         state = ST_CHECKPOINTED;
         state_cuda = 0;
-        ok_with(out, "cuda", 0);
+        ok_with(out, KEY_cuda, 0);
         return GPUCR_DONE;
     }
     if (refusal(why, sizeof why))
@@ -513,22 +452,22 @@ int gpucr_cmd_checkpoint(long timeout_ms, struct jbuf *out)
     state_cuda = 1;
     last_bytes = bytes;
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_bool(out, "cuda", 1);
-    jb_f64(out, "quiesce_s", t1 - t0);
-    jb_f64(out, "data_s", t2 - t1);
+    jb_bool(out, KEY_ok, 1);
+    jb_bool(out, KEY_cuda, 1);
+    jb_f64(out, KEY_quiesce_s, t1 - t0);
+    jb_f64(out, KEY_data_s, t2 - t1);
     /* data_s = prepare (placement, one-time growth) + copy + release */
-    jb_f64(out, "prepare_s", tc - t1);
-    jb_f64(out, "copy_s", x.cs.seconds);
-    jb_f64(out, "release_s", t2 - tr);
+    jb_f64(out, KEY_prepare_s, tc - t1);
+    jb_f64(out, KEY_copy_s, x.cs.seconds);
+    jb_f64(out, KEY_release_s, t2 - tr);
     jb_data_path(out, &x);
-    jb_bool(out, "arena_pinned", gpucr_pin_arena); /* then arena_detach needs CUDA */
-    jb_u64(out, "bytes", bytes);
-    jb_u64(out, "allocations", n);
-    jb_f64(out, "arena_setup_s", gpucr_arena_setup_seconds() - reg0 + x.cs.setup_s);
-    jb_u64(out, "driver_path_bytes", gpucr_set_sum(SET_ASYNC));
+    jb_bool(out, KEY_arena_pinned, gpucr_pin_arena); /* then arena_detach needs CUDA */
+    jb_u64(out, KEY_bytes, bytes);
+    jb_u64(out, KEY_allocations, n);
+    jb_f64(out, KEY_arena_setup_s, gpucr_arena_setup_seconds() - reg0 + x.cs.setup_s);
+    jb_u64(out, KEY_driver_path_bytes, gpucr_set_sum(SET_ASYNC));
     if (rc != CUDA_SUCCESS)
-        jb_str(out, "warning", cu_name(rc));
+        jb_str(out, KEY_warning, cu_name(rc));
     put_device_uuids(out);
     put_blobs(out);
     jb_end(out);
@@ -545,7 +484,7 @@ int gpucr_cmd_restore(struct jbuf *out)
     double t0 = gpucr_now();
     if (!state_cuda) {
         state = ST_RUNNING;
-        ok_with(out, "cuda", 0);
+        ok_with(out, KEY_cuda, 0);
         return GPUCR_DONE;
     }
     struct work w = {0, 0, 0};
@@ -578,16 +517,16 @@ int gpucr_cmd_restore(struct jbuf *out)
     state = ST_RUNNING;
     gpucr_gate_open();
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_bool(out, "cuda", 1);
-    jb_f64(out, "data_s", t1 - t0);
+    jb_bool(out, KEY_ok, 1);
+    jb_bool(out, KEY_cuda, 1);
+    jb_f64(out, KEY_data_s, t1 - t0);
     /* data_s = re-create + map physical memory, then copy; on the helper path
      * the copies run beside the import and mapping, from tc ~ t0 */
-    jb_f64(out, "create_s", x.tc - t0);
-    jb_f64(out, "copy_s", x.cs.seconds);
+    jb_f64(out, KEY_create_s, x.tc - t0);
+    jb_f64(out, KEY_copy_s, x.cs.seconds);
     jb_data_path(out, &x);
-    jb_f64(out, "arena_setup_s", x.cs.setup_s);
-    jb_u64(out, "bytes", last_bytes);
+    jb_f64(out, KEY_arena_setup_s, x.cs.setup_s);
+    jb_u64(out, KEY_bytes, last_bytes);
     jb_end(out);
     return GPUCR_DONE;
 }
@@ -598,7 +537,7 @@ void gpucr_cmd_prefill(struct jbuf *out)
         return err(out, "not checkpointed: nothing to prefill");
     const struct gpucr_engine *e = gpucr_engine(); /* only the helper starts an in ahead */
     if (!e->prefill || gpucr_arena_detached()) {
-        return ok_with(out, "prefill", 0);
+        return ok_with(out, KEY_prefill, 0);
     }
     struct work w = {0, 0, 0};
     gpucr_table_lock();
@@ -606,22 +545,10 @@ void gpucr_cmd_prefill(struct jbuf *out)
     int started = w.n && e->prefill(w.p, w.n) == 0;
     gpucr_table_unlock();
     free(w.p);
-    ok_with(out, "prefill", started);
+    ok_with(out, KEY_prefill, started);
 }
 
 /* ---- migration: the arena out of the address space and back -------------- */
-
-CUcontext gpucr_any_context(void)
-{
-    CUcontext ctx = NULL;
-    if (!gpucr_driver_loaded())
-        return NULL;
-    gpucr_table_lock();
-    const struct u64map *ctxs = gpucr_set_map(SET_CTX);
-    U64MAP_FOREACH(ctxs, i) if (!ctx) ctx = (CUcontext)(uintptr_t)ctxs->keys[i];
-    gpucr_table_unlock();
-    return ctx;
-}
 
 /* Any context: host registrations are portable. */
 static CUresult any_ctx(void)
@@ -644,15 +571,15 @@ void gpucr_cmd_staging_drop(struct jbuf *out)
         return err(out, why);
     }
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_u64(out, "staging_bytes_dropped", n);
+    jb_bool(out, KEY_ok, 1);
+    jb_u64(out, KEY_staging_bytes_dropped, n);
     jb_end(out);
 }
 
 /* "segment_ranges": [[base, size], ...] of the first n arena segments */
 static void put_segment_ranges(struct jbuf *out, int n)
 {
-    jb_key_arr(out, "segment_ranges");
+    jb_key_arr(out, KEY_segment_ranges);
     for (int i = 0; i < n; i++) {
         uintptr_t base = 0;
         size_t size = gpucr_arena_bounds(i, &base);
@@ -682,7 +609,7 @@ void gpucr_cmd_arena_files(const char *line, struct jbuf *out)
     for (int i = 0; i < n; i++)
         gpucr_arena_segment_file(i, &fds[i], &linkable[i]);
     /* "into": the shim links them there itself, in its own mount namespace */
-    if (json_find(line, "into", &v) == 1 && v.type == JSON_STRING) {
+    if (json_find(line, KEY_into, &v) == 1 && v.type == JSON_STRING) {
         long len = json_string(&v, into, sizeof into);
         if (len <= 0 || (size_t)len >= sizeof into)
             return err(out, "arena_files: \"into\" is not a folder's path");
@@ -692,14 +619,14 @@ void gpucr_cmd_arena_files(const char *line, struct jbuf *out)
         }
     }
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_bool(out, "linked", into[0] != 0);
-    jb_str(out, "arena_dir", gpucr_arena_dir());
-    jb_key_arr(out, "segment_fds");
+    jb_bool(out, KEY_ok, 1);
+    jb_bool(out, KEY_linked, into[0] != 0);
+    jb_str(out, KEY_arena_dir, gpucr_arena_dir());
+    jb_key_arr(out, KEY_segment_fds);
     for (int i = 0; i < n; i++)
         jb_elem_i64(out, fds[i]);
     jb_arr_end(out);
-    jb_key_arr(out, "segment_linkable");
+    jb_key_arr(out, KEY_segment_linkable);
     for (int i = 0; i < n; i++)
         jb_elem_bool(out, linkable[i]);
     jb_arr_end(out);
@@ -729,13 +656,13 @@ void gpucr_cmd_arena_detach(struct jbuf *out)
      * this process's old arena files; a later use connects anew */
     gpucr_helper_disconnect();
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_i64(out, "segments", gpucr_arena_segments());
-    jb_u64(out, "arena_bytes", gpucr_arena_capacity());
+    jb_bool(out, KEY_ok, 1);
+    jb_i64(out, KEY_segments, gpucr_arena_segments());
+    jb_u64(out, KEY_arena_bytes, gpucr_arena_capacity());
     /* what a restore needs to fill the segments' files ahead (arena_attach) */
-    jb_str(out, "arena_dir", gpucr_arena_dir());
+    jb_str(out, KEY_arena_dir, gpucr_arena_dir());
     put_segment_ranges(out, gpucr_arena_segments());
-    jb_f64(out, "detach_s", gpucr_now() - t0);
+    jb_f64(out, KEY_detach_s, gpucr_now() - t0);
     jb_end(out);
 }
 
@@ -772,10 +699,10 @@ void gpucr_cmd_arena_attach(int linkable, struct jbuf *out)
         return err(out, why);
     }
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_bool(out, "filled", nfds > 0);
-    jb_u64(out, "arena_bytes", gpucr_arena_capacity());
-    jb_f64(out, "attach_s", gpucr_now() - t0);
+    jb_bool(out, KEY_ok, 1);
+    jb_bool(out, KEY_filled, nfds > 0);
+    jb_u64(out, KEY_arena_bytes, gpucr_arena_capacity());
+    jb_f64(out, KEY_attach_s, gpucr_now() - t0);
     put_blobs(out);
     jb_end(out);
 }

@@ -1,12 +1,14 @@
 /* The control socket: <run dir>/<pid>.sock, one JSON object per line each way,
  * served by one shim thread. Only the process's own user and root are answered
  * (SO_PEERCRED). After fork, the child gets its own socket and thread.
- * One answer carries a file descriptor (SCM_RIGHTS): ipc_fd, the shareable
- * handle behind a legacy IPC handle this process gave out (ipc_legacy.c). One
- * request may carry descriptors: arena_attach, the arena's files filled ahead
- * (arena.c); those a request does not take are closed after its answer. */
+ * An answer may carry a file descriptor (SCM_RIGHTS): ipc_fd's, the shareable
+ * handle behind a legacy IPC handle this process gave out (ipc_legacy.c). A
+ * request may carry descriptors: arena_attach's, the arena's files filled ahead
+ * (arena.c); those a request does not take are closed after its answer. What
+ * the lines say is the answerer's (dispatch.c): this file only carries them. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +19,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "gpucr.h"
+#include "arena.h"
+#include "control.h"
+#include "json.h"
+#include "log.h"
+#include "protocol_keys.h"
 
 #define MAX_LINE 65536 /* nccl_rebuild carries a unique id per communicator */
 
@@ -28,6 +34,7 @@ static int pending_fd = -1; /* sent with the next reply, then closed */
 static int req_fds[GPUCR_ARENA_MAX_SEGS]; /* came with the request being read */
 static int req_nfds;
 static int req_fds_cut; /* more came than fit: the request cannot have them */
+static gpucr_answer_fn answer;
 
 int gpucr_control_take_fds(int *out, int max)
 {
@@ -37,6 +44,13 @@ int gpucr_control_take_fds(int *out, int max)
     memcpy(out, req_fds, (size_t)n * sizeof(int));
     req_nfds = 0;
     return n;
+}
+
+void gpucr_control_reply_fd(int fd)
+{
+    if (pending_fd >= 0)
+        close(pending_fd);
+    pending_fd = fd;
 }
 
 static void drop_req_fds(void)
@@ -116,136 +130,6 @@ int gpucr_run_dir(char *out, size_t len)
     return 0;
 }
 
-/* ---- the requests: one handler each, found by name in `commands` ---- */
-struct cmd_ctx {
-    const struct gpucr_req *req;
-    const char *line; /* the whole request, for fields only one command reads */
-};
-
-static void do_ping(const struct cmd_ctx *c, struct jbuf *out)
-{
-    (void)c;
-    jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_i64(out, "pid", getpid());
-    jb_end(out);
-}
-
-static void do_status(const struct cmd_ctx *c, struct jbuf *out)
-{
-    (void)c;
-    gpucr_cmd_status(out);
-}
-
-static void do_checkpoint(const struct cmd_ctx *c, struct jbuf *out)
-{
-    long t = c->req->timeout_ms;
-    if (t < 0) {
-        const char *e = getenv("GPUCR_QUIESCE_TIMEOUT_MS");
-        t = e ? atol(e) : 10000;
-    }
-    gpucr_cmd_checkpoint(t, out);
-}
-
-static void do_restore(const struct cmd_ctx *c, struct jbuf *out)
-{
-    (void)c;
-    gpucr_cmd_restore(out);
-}
-
-static void do_arena_detach(const struct cmd_ctx *c, struct jbuf *out)
-{
-    (void)c;
-    gpucr_cmd_arena_detach(out);
-}
-
-static void do_arena_files(const struct cmd_ctx *c, struct jbuf *out) { gpucr_cmd_arena_files(c->line, out); }
-
-static void do_staging_drop(const struct cmd_ctx *c, struct jbuf *out)
-{
-    (void)c;
-    gpucr_cmd_staging_drop(out);
-}
-
-static void do_prefill(const struct cmd_ctx *c, struct jbuf *out)
-{
-    (void)c;
-    gpucr_cmd_prefill(out);
-}
-
-static void do_arena_attach(const struct cmd_ctx *c, struct jbuf *out) { gpucr_cmd_arena_attach(c->req->linkable, out); }
-
-static void do_ipc_fd(const struct cmd_ctx *c, struct jbuf *out)
-{
-    uint64_t size = 0;
-    int fd = gpucr_ipc_export_fd(c->req->id, &size);
-    jb_begin(out);
-    jb_bool(out, "ok", fd >= 0);
-    if (fd >= 0) {
-        jb_u64(out, "size", size);
-        if (pending_fd >= 0)
-            close(pending_fd);
-        pending_fd = fd;
-    } else {
-        jb_str(out, "error", "no such IPC export in this process");
-    }
-    jb_end(out);
-}
-
-static void do_nccl(const struct cmd_ctx *c, struct jbuf *out)
-{
-    gpucr_cmd_nccl(c->req->cmd, c->line, c->req->timeout_ms, out); /* the cut and the communicators */
-}
-
-/* Every request the socket takes (gpucr_hpc/shim/protocol.py names the same);
- * serialized: under gpucr_cmd_mu, against a yield on SIGTSTP (suspend.c). */
-static const struct command {
-    const char *name;
-    void (*run)(const struct cmd_ctx *, struct jbuf *);
-    int serialized;
-} commands[] = {
-    {"ping", do_ping, 0},
-    {"status", do_status, 0},
-    {"checkpoint", do_checkpoint, 1},
-    {"restore", do_restore, 1},
-    {"arena_detach", do_arena_detach, 1},
-    {"arena_files", do_arena_files, 1},
-    {"staging_drop", do_staging_drop, 1},
-    {"prefill", do_prefill, 1},
-    {"arena_attach", do_arena_attach, 1},
-    {"ipc_fd", do_ipc_fd, 0},
-#define GPUCR_NCCL_COMMAND(name) {#name, do_nccl, 0},
-    GPUCR_NCCL_COMMANDS(GPUCR_NCCL_COMMAND)
-#undef GPUCR_NCCL_COMMAND
-};
-
-static void refuse(struct jbuf *out, const char *why)
-{
-    jb_begin(out);
-    jb_bool(out, "ok", 0);
-    jb_str(out, "error", why);
-    jb_end(out);
-}
-
-void gpucr_control_dispatch(const char *line, struct jbuf *out)
-{
-    struct gpucr_req req;
-    if (gpucr_req_parse(line, &req) < 0)
-        return refuse(out, "bad request: expected one JSON object with a \"cmd\" per line");
-    const struct cmd_ctx c = {&req, line};
-    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) {
-        if (strcmp(req.cmd, commands[i].name))
-            continue;
-        if (commands[i].serialized)
-            pthread_mutex_lock(&gpucr_cmd_mu);
-        commands[i].run(&c, out);
-        if (commands[i].serialized)
-            pthread_mutex_unlock(&gpucr_cmd_mu);
-        return;
-    }
-    refuse(out, "unknown command");
-}
-
 static void write_all(int fd, const char *buf, size_t len)
 {
     while (len) {
@@ -311,8 +195,8 @@ static void serve(int fd)
         for (int k = 0; k < 4 && (n = recv(fd, junk, sizeof junk, 0)) > 0 && !memchr(junk, '\n', (size_t)n); k++)
             ;
         jb_begin(&out);
-        jb_bool(&out, "ok", 0);
-        jb_str(&out, "error", "permission denied: only the process owner and root may control it");
+        jb_bool(&out, KEY_ok, 0);
+        jb_str(&out, KEY_error, "permission denied: only the process owner and root may control it");
         jb_end(&out);
         reply(fd, &out);
         jb_free(&out);
@@ -338,7 +222,7 @@ static void serve(int fd)
         *nl = 0;
         out.len = 0;
         out.first = 0;
-        gpucr_control_dispatch(buf, &out);
+        answer(buf, &out);
         drop_req_fds(); /* before the answer: the client may count them closed */
         reply(fd, &out);
         size_t used = (size_t)(nl - buf) + 1;
@@ -366,8 +250,9 @@ static void *server(void *arg)
     }
 }
 
-int gpucr_control_start(void)
+int gpucr_control_start(gpucr_answer_fn answer_with)
 {
+    answer = answer_with;
     char dir[sizeof path];
     if (gpucr_run_dir(dir, sizeof dir - 16) < 0)
         return -1;
@@ -420,12 +305,12 @@ void gpucr_control_stop(void)
         unlink(path);
 }
 
-void gpucr_control_after_fork_child(void)
+void gpucr_control_after_fork_child(gpucr_answer_fn answer_with)
 {
     /* The parent's thread does not exist here; its socket stays the parent's. */
     if (listen_fd >= 0)
         close(listen_fd);
     listen_fd = -1;
     path[0] = 0;
-    gpucr_control_start();
+    gpucr_control_start(answer_with);
 }

@@ -15,7 +15,14 @@
  * its failure fails the operation. */
 #include <string.h>
 
-#include "hooks.h"
+#include "copy_engine.h"
+#include "copy_stats.h"
+#include "datapath.h"
+#include "driver.h"
+#include "helper.h"
+#include "log.h"
+#include "mapping.h"
+#include "table.h"
 
 /* Undoes an in: what it mapped and created goes, the data stays in the arena
  * for the next attempt. */

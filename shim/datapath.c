@@ -20,6 +20,7 @@
  * (the SIGTSTP yield), slower control where one does.
  * The workers run on the GPU's NUMA node, where the arena is (numa.c). */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,7 +28,13 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "hooks.h"
+#include "copy_stats.h"
+#include "datapath.h"
+#include "driver.h"
+#include "log.h"
+#include "numa.h"
+#include "stream_copy.h"
+#include "table.h"
 
 #define DIRECT_CHUNK (256u << 20)
 #ifndef GPUCR_SLOT

@@ -13,7 +13,10 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "driver.h"
+#include "export.h"
 #include "hooks.h"
+#include "log.h"
 
 struct gpucr_driver gpucr_drv;
 unsigned long gpucr_stat_getproc_hooked, gpucr_stat_dlsym_hooked;
@@ -65,7 +68,8 @@ static int load_locked(int only_if_present)
         *e->real = gpucr_real_dlsym(h, e->name);
     loaded = 1;
     gpucr_log("driver loaded");
-    gpucr_tstp_install(); /* a CUDA process: VRAM yield on SIGTSTP (suspend.c) */
+    if (gpucr_on_driver_load)
+        gpucr_on_driver_load();
     return 0;
 }
 

@@ -4,10 +4,12 @@
  * gpucr_gate_close() sets `closed` and waits until `inflight` drops to zero;
  * a caller that sees `closed` after announcing itself backs out and waits. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
 
-#include "gpucr.h"
+#include "gate.h"
+#include "log.h"
 
 static atomic_long inflight;
 static atomic_int closed;

@@ -27,6 +27,7 @@
  * SCM_RIGHTS; blobs go in batches of BATCH. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,7 +38,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "hooks.h"
+#include "arena.h"
+#include "copy_stats.h"
+#include "driver.h"
+#include "helper.h"
+#include "json.h"
+#include "log.h"
+#include "protocol_keys.h"
+#include "table.h"
 
 #define BATCH 64
 #define MSG_MAX (64 << 10)
@@ -88,7 +96,6 @@ int gpucr_helper_enabled(void)
         enabled = v && *v && strlen(v) < sizeof path;
         if (enabled) {
             snprintf(path, sizeof path, "%s", v);
-            gpucr_arena_keep_fds();
             gpucr_phys_on_forget = gpucr_helper_forget;
         } else if (v && *v)
             fprintf(stderr, "gpucr: GPUCR_COPY_HELPER=%s is longer than a socket path may be; not using a copy helper\n", v);
@@ -195,7 +202,7 @@ static int call(const char *json, const int *fds, int nfds, char *reply, size_t 
         disconnect();
         return -1;
     }
-    if (json_find(reply, "ok", &ok) != 1 || ok.type != JSON_TRUE) {
+    if (json_find(reply, KEY_ok, &ok) != 1 || ok.type != JSON_TRUE) {
         fail("refused: %.200s", reply);
         return -1;
     }
@@ -237,10 +244,10 @@ static int send_segment(int seg, int fd, size_t size, unsigned gen)
         return 0;
     jb_init_fixed(&j, msg, sizeof msg);
     jb_begin(&j);
-    jb_str(&j, "cmd", "segment");
-    jb_i64(&j, "seg", seg);
-    jb_u64(&j, "size", size);
-    jb_u64(&j, "gen", gen);
+    jb_str(&j, KEY_cmd, "segment");
+    jb_i64(&j, KEY_seg, seg);
+    jb_u64(&j, KEY_size, size);
+    jb_u64(&j, KEY_gen, gen);
     jb_end(&j);
     if (call(msg, &fd, 1, reply, sizeof reply, NULL, 0, NULL) != 0)
         return -1;
@@ -331,8 +338,8 @@ static int blob_list(char *buf, size_t len, const char *cmd, struct gpucr_phys *
     int may_ask = strcmp(cmd, "prefill") != 0;
     jb_init_fixed(&j, buf, len);
     jb_begin(&j);
-    jb_str(&j, "cmd", cmd);
-    jb_key_arr(&j, "blobs");
+    jb_str(&j, KEY_cmd, cmd);
+    jb_key_arr(&j, KEY_blobs);
     for (size_t i = 0; i < n; i++)
         if (put_blob(&j, p[i], may_ask) != 0) {
             fail("allocation %zu: no device UUID or arena place", i);
@@ -353,8 +360,8 @@ static void forget_locked(struct gpucr_phys *p)
         return; /* a new connection holds nothing */
     jb_init_fixed(&j, msg, sizeof msg);
     jb_begin(&j);
-    jb_str(&j, "cmd", "forget");
-    jb_u64(&j, "id", p->vhandle);
+    jb_str(&j, KEY_cmd, "forget");
+    jb_u64(&j, KEY_id, p->vhandle);
     jb_end(&j);
     if (send_msg(msg, NULL, 0) != 0)
         disconnect(); /* the helper lets go of everything of a closed connection */
@@ -435,8 +442,8 @@ static int in_done(int keep, struct gpucr_copy_stats *st)
     struct jbuf j;
     jb_init_fixed(&j, msg, sizeof msg);
     jb_begin(&j);
-    jb_str(&j, "cmd", "in_done");
-    jb_bool(&j, "keep", keep);
+    jb_str(&j, KEY_cmd, "in_done");
+    jb_bool(&j, KEY_keep, keep);
     jb_end(&j);
     if (call(msg, NULL, 0, reply, sizeof reply, NULL, 0, NULL) != 0)
         return -1;

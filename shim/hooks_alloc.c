@@ -5,7 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hooks.h"
+#include "driver.h"
+#include "export.h"
+#include "gate.h"
+#include "hooks_alloc.h"
+#include "ipc_legacy.h"
+#include "log.h"
+#include "table.h"
 
 int gpucr_vmm_backing = 1;
 
@@ -15,17 +21,6 @@ _Static_assert(sizeof(CUmemAccessDesc) <= GPUCR_ACCESS_BYTES, "access blob too s
 #define MAX_DEV 64
 static signed char vmm_ok[MAX_DEV]; /* 0 unknown, 1 yes, -1 no */
 static signed char fd_ok[MAX_DEV];  /* exportable as a POSIX fd: 0 unknown, 1 yes, -1 no */
-
-void gpucr_note_context(void)
-{
-    CUcontext ctx = NULL;
-    CUdevice dev = 0;
-    if (gpucr_drv.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx || gpucr_drv.cuCtxGetDevice(&dev) != CUDA_SUCCESS)
-        return;
-    gpucr_table_lock();
-    gpucr_set_put(SET_CTX, (uint64_t)(uintptr_t)ctx, (uint64_t)dev);
-    gpucr_table_unlock();
-}
 
 static int device_has_vmm(CUdevice dev)
 {

@@ -4,7 +4,9 @@
  * gate. Where there is no earlier answer, the call waits like the others. */
 #include <pthread.h>
 
-#include "hooks.h"
+#include "driver.h"
+#include "export.h"
+#include "gate.h"
 
 /* cuMemGetInfo: the last answer per context */
 #define ANSWERS 64

@@ -4,7 +4,12 @@
  * piecewise: it tracks live stream-ordered allocations (reported as the bytes
  * left to the driver checkpoint), trims the pools at checkpoint so only live
  * bytes remain, and refuses when a pool has been shared with another process. */
-#include "hooks.h"
+#include "contexts.h"
+#include "driver.h"
+#include "export.h"
+#include "gate.h"
+#include "hooks_async.h"
+#include "table.h"
 
 unsigned long gpucr_ipc_sticky;
 

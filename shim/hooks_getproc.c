@@ -1,4 +1,6 @@
 /* cuGetProcAddress (both versions): the driver answers, we swap in our hooks. */
+#include "driver.h"
+#include "export.h"
 #include "hooks.h"
 
 #undef cuGetProcAddress

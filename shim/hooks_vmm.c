@@ -4,7 +4,12 @@
  * handle values it was given ("vhandles"); we translate to the driver's. */
 #include <string.h>
 
-#include "hooks.h"
+#include "driver.h"
+#include "export.h"
+#include "gate.h"
+#include "hooks_async.h"
+#include "hooks_vmm.h"
+#include "table.h"
 
 static uint64_t real_of(uint64_t vh, struct gpucr_phys **out)
 {

@@ -1,9 +1,32 @@
-/* Start-up and shutdown of the shim in every process it is loaded into.
+/* Start-up and shutdown of the shim in every process it is loaded into, and the
+ * calls up the layers, handed down as pointers: the control socket's answerer,
+ * the GPU that places memory (numa.c), what a loaded driver starts (driver.c).
  * Loading it must be harmless: nothing here touches the GPU driver. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "hooks.h"
+#include "arena.h"
+#include "arena_ready.h"
+#include "checkpoint.h"
+#include "control.h"
+#include "copy_engine.h"
+#include "datapath.h"
+#include "dispatch.h"
+#include "driver.h"
+#include "gate.h"
+#include "hooks_alloc.h"
+#include "log.h"
+#include "nccl_comms.h"
+#include "nccl_cut.h"
+#include "numa.h"
+#include "numa_gpu.h"
+#include "suspend.h"
+#include "table.h"
+
+/* Set statically: a constructor of another library may load the driver before
+ * gpucr_init runs. */
+int (*gpucr_on_driver_load)(void) = gpucr_tstp_install;
 
 static int enabled(const char *var, int dflt)
 {
@@ -25,7 +48,7 @@ static void after_fork_child(void)
     gpucr_nccl_comms_after_fork_child();
     gpucr_nccl_cut_after_fork_child();
     if (enabled("GPUCR_CONTROL", 1))
-        gpucr_control_after_fork_child();
+        gpucr_control_after_fork_child(gpucr_dispatch);
 }
 
 __attribute__((constructor)) static void gpucr_init(void)
@@ -40,12 +63,11 @@ __attribute__((constructor)) static void gpucr_init(void)
         gpucr_log("arena dir %s unusable, using /dev/shm", arena ? arena : "(none)");
         gpucr_arena_configure(NULL);
     }
-    gpucr_helper_enabled(); /* before any segment exists: they keep their descriptors for it */
-    gpucr_engine_choose(); /* after the arena pinning and the helper are settled */
+    gpucr_engine_choose(); /* after the arena pinning is settled; settles the helper */
     gpucr_arena_ready_init(getenv("GPUCR_ARENA_PREALLOC")); /* a size, or auto */
     pthread_atfork(NULL, NULL, after_fork_child);
     if (enabled("GPUCR_CONTROL", 1))
-        gpucr_control_start();
+        gpucr_control_start(gpucr_dispatch);
 }
 
 __attribute__((destructor)) static void gpucr_fini(void)

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <sys/syscall.h>
 
-#include "gpucr.h"
+#include "export.h"
 
 typedef long (*syscall_fn)(long, ...);
 

@@ -11,6 +11,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,15 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "hooks.h"
+#include "control.h"
+#include "driver.h"
+#include "export.h"
+#include "gate.h"
+#include "ipc_legacy.h"
+#include "json.h"
+#include "log.h"
+#include "protocol_keys.h"
+#include "table.h"
 
 #define MAGIC "GPUCRIP1"
 
@@ -172,8 +181,8 @@ static int fetch_fd(int32_t pid, uint32_t id)
     struct jbuf j;
     jb_init_fixed(&j, req, sizeof req - 1);
     jb_begin(&j);
-    jb_str(&j, "cmd", "ipc_fd");
-    jb_u64(&j, "id", id);
+    jb_str(&j, KEY_cmd, "ipc_fd");
+    jb_u64(&j, KEY_id, id);
     jb_end(&j);
     req[j.len++] = '\n'; /* one request line */
     ssize_t n = (ssize_t)j.len;
@@ -204,7 +213,7 @@ static int fetch_fd(int32_t pid, uint32_t id)
         char *nl = memchr(buf, '\n', have);
         if (nl)
             *nl = 0; /* the answer line */
-        if (fd >= 0 && (json_find(buf, "ok", &ok) != 1 || ok.type != JSON_TRUE)) {
+        if (fd >= 0 && (json_find(buf, KEY_ok, &ok) != 1 || ok.type != JSON_TRUE)) {
             close(fd);
             fd = -1;
         }

@@ -313,7 +313,8 @@ int json_number(const struct json_value *v, double *out)
     return 0;
 }
 
-int json_key_is(const struct json_member *m, const char *key)
+/* Whether the member's key is key (decoded, compared exactly). */
+static int key_is(const struct json_member *m, const char *key)
 {
     size_t want = strlen(key);
     if (!memchr(m->key.text, '\\', m->key.len))
@@ -330,7 +331,7 @@ int json_find(const char *text, const char *key, struct json_value *v)
     int found = 0, rc;
     json_reader_init(&r, text);
     while ((rc = json_next(&r, &m)) == 1)
-        if (json_key_is(&m, key)) {
+        if (key_is(&m, key)) {
             *v = m.value;
             found = 1;
         }

@@ -51,8 +51,6 @@ int json_next(struct json_reader *r, struct json_member *m);
 long json_string(const struct json_value *v, char *out, size_t cap);
 /* A number's value: 0, or -1 when v is not a number. */
 int json_number(const struct json_value *v, double *out);
-/* Whether the member's key is key (decoded, compared exactly). */
-int json_key_is(const struct json_member *m, const char *key);
 /* The value of key in the object that is text (the last one, if repeated):
  * 1 found; 0 absent; -1 text is not one JSON object. */
 int json_find(const char *text, const char *key, struct json_value *v);

@@ -5,7 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gpucr.h"
+#include "log.h"
 
 void gpucr_log(const char *fmt, ...)
 {

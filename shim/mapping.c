@@ -7,7 +7,9 @@
  * access. Callers hold the table lock. */
 #include <string.h>
 
-#include "hooks.h"
+#include "driver.h"
+#include "mapping.h"
+#include "table.h"
 
 static void pick_source(struct gpucr_map *m, void *arg)
 {

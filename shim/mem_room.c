@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gpucr.h"
+#include "mem_room.h"
 
 #define RESERVE (256ul << 20) /* left to the program itself */
 

@@ -9,22 +9,53 @@
  * match them: a hash of the unique id it was made from, or for a split, its
  * parent's key, the split's number on the parent and the colour. */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "hooks.h"
+#include "driver.h"
+#include "export.h"
+#include "log.h"
+#include "nccl_api.h"
+#include "nccl_comms.h"
 #include "nccl_hooks.h"
+#include "nccl_lib.h"
+
+#define GPUCR_VCOMM_MAGIC 0x6770637276636f6dULL /* "gpcrvcom" */
 
 pthread_mutex_t gpucr_nccl_mu = PTHREAD_MUTEX_INITIALIZER;
 pthread_cond_t gpucr_nccl_cv = PTHREAD_COND_INITIALIZER;
 const char *gpucr_nccl_foreign;
 __thread int gpucr_nccl_inner;
+long gpucr_nccl_inflight;
+long gpucr_nccl_in_group;
+enum gpucr_cut_state gpucr_cut;
+static __thread int group_depth; /* ncclGroupStart calls not yet ended, on this thread */
 static struct gpucr_vcomm *first, *last;
 static struct gpucr_vreg *regs;
 static int nseq;
 
 struct gpucr_vcomm *gpucr_vcomm_first(void) { return first; }
 struct gpucr_vreg *gpucr_vreg_first(void) { return regs; }
+
+/* ---- where the cut holds the calls (nccl_cut.c moves it) ----------------- */
+
+static int at_targets(void)
+{
+    for (struct gpucr_vcomm *vc = first; vc; vc = vc->next)
+        if (!vc->ended && vc->ops < vc->target)
+            return 0;
+    return 1;
+}
+
+/* An operation waits. */
+static int must_park(void)
+{
+    return gpucr_cut == CUT_FROZEN || gpucr_cut >= CUT_PARKED || (gpucr_cut == CUT_TO_TARGETS && at_targets());
+}
+
+static int parked(void) { return gpucr_cut >= CUT_PARKED; } /* every call waits */
+int gpucr_nccl_torn_down(void) { return gpucr_cut == CUT_TORN_DOWN; }
 
 #define REAL(pname, type) ((type)gpucr_nccl_real(&real_##pname, #pname))
 #define NCCL_MISSING 3 /* ncclInternalError: the real entry point is not there */
@@ -38,7 +69,8 @@ static int gpucr_nccl_known_real(ncclComm_t comm)
     return 0;
 }
 
-struct gpucr_vcomm *gpucr_vcomm_of(ncclComm_t comm)
+/* NULL: not one of ours */
+static struct gpucr_vcomm *vcomm_of(ncclComm_t comm)
 {
     struct gpucr_vcomm *vc = (struct gpucr_vcomm *)comm;
     return vc && vc->magic == GPUCR_VCOMM_MAGIC ? vc : NULL;
@@ -73,7 +105,7 @@ static int stream_capturing(cudaStream_t stream)
 ncclResult_t gpucr_nccl_enter(struct gpucr_nccl_call *c, ncclComm_t comm, enum gpucr_nccl_kind kind, void **cache,
                               const char *pname, cudaStream_t stream)
 {
-    struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
+    struct gpucr_vcomm *vc = vcomm_of(comm);
     c->vc = NULL;
     c->real = vc ? vc->real : comm;
     if (gpucr_nccl_inner) {
@@ -91,11 +123,11 @@ ncclResult_t gpucr_nccl_enter(struct gpucr_nccl_call *c, ncclComm_t comm, enum g
             gpucr_log("nccl: %s got communicator %p, not one the shim made", pname + 1, (void *)comm);
         }
     } else {
-        if (kind == GPUCR_NCCL_OPERATION && gpucr_nccl_group_depth == 0) {
-            while (gpucr_nccl_must_park())
+        if (kind == GPUCR_NCCL_OPERATION && group_depth == 0) {
+            while (must_park())
                 pthread_cond_wait(&gpucr_nccl_cv, &gpucr_nccl_mu);
         } else {
-            while (gpucr_nccl_parked())
+            while (parked())
                 pthread_cond_wait(&gpucr_nccl_cv, &gpucr_nccl_mu);
         }
         if (kind == GPUCR_NCCL_OPERATION)
@@ -183,7 +215,7 @@ static int begin_call(void)
     if (gpucr_nccl_inner++)
         return 0;
     pthread_mutex_lock(&gpucr_nccl_mu);
-    while (gpucr_nccl_parked())
+    while (parked())
         pthread_cond_wait(&gpucr_nccl_cv, &gpucr_nccl_mu);
     gpucr_nccl_inflight++;
     pthread_mutex_unlock(&gpucr_nccl_mu);
@@ -344,13 +376,13 @@ typedef ncclResult_t (*comm_fn)(ncclComm_t);
  * While the communicators are torn down there is nothing left to free. */
 static ncclResult_t end(ncclComm_t comm, void **cache, const char *pname, int frees)
 {
-    struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
+    struct gpucr_vcomm *vc = vcomm_of(comm);
     if (!gpucr_nccl_real(cache, pname))
         return NCCL_MISSING;
     if (!vc || gpucr_nccl_inner)
         return ((comm_fn)*cache)(vc ? vc->real : comm);
     pthread_mutex_lock(&gpucr_nccl_mu);
-    while (gpucr_nccl_parked() && !gpucr_nccl_torn_down())
+    while (parked() && !gpucr_nccl_torn_down())
         pthread_cond_wait(&gpucr_nccl_cv, &gpucr_nccl_mu);
     ncclComm_t real = vc->real;
     vc->ended = 1;
@@ -393,7 +425,7 @@ static ncclComm_t askable(struct gpucr_vcomm *vc)
         return vc->real;
     }
     pthread_mutex_lock(&gpucr_nccl_mu);
-    ncclComm_t real = gpucr_nccl_parked() ? NULL : vc->real;
+    ncclComm_t real = parked() ? NULL : vc->real;
     gpucr_nccl_inflight += real != NULL;
     gpucr_nccl_inner += real != NULL;
     pthread_mutex_unlock(&gpucr_nccl_mu);
@@ -410,7 +442,7 @@ static void asked(struct gpucr_vcomm *vc, ncclComm_t real)
 GPUCR_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *err)
 {
     typedef ncclResult_t (*fn)(ncclComm_t, ncclResult_t *);
-    struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
+    struct gpucr_vcomm *vc = vcomm_of(comm);
     if (!vc) {
         fn f = REAL(pncclCommGetAsyncError, fn);
         return f ? f(comm, err) : NCCL_MISSING;
@@ -429,7 +461,7 @@ GPUCR_EXPORT ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *e
 GPUCR_EXPORT const char *ncclGetLastError(ncclComm_t comm)
 {
     typedef const char *(*fn)(ncclComm_t);
-    struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
+    struct gpucr_vcomm *vc = vcomm_of(comm);
     if (!vc) {
         fn f = REAL(pncclGetLastError, fn);
         return f ? f(comm) : "";
@@ -447,7 +479,7 @@ typedef ncclResult_t (*int_fn)(ncclComm_t, int *);
 
 static ncclResult_t describe(ncclComm_t comm, int *out, void **cache, const char *pname, int which)
 {
-    struct gpucr_vcomm *vc = gpucr_vcomm_of(comm);
+    struct gpucr_vcomm *vc = vcomm_of(comm);
     if (!vc) {
         int_fn f = (int_fn)gpucr_nccl_real(cache, pname);
         return f ? f(comm, out) : NCCL_MISSING;
@@ -561,12 +593,12 @@ GPUCR_EXPORT ncclResult_t ncclGroupStart(void)
         return f ? f() : NCCL_MISSING;
     }
     pthread_mutex_lock(&gpucr_nccl_mu);
-    if (gpucr_nccl_group_depth == 0) {
-        while (gpucr_nccl_must_park())
+    if (group_depth == 0) {
+        while (must_park())
             pthread_cond_wait(&gpucr_nccl_cv, &gpucr_nccl_mu);
         gpucr_nccl_in_group++;
     }
-    gpucr_nccl_group_depth++;
+    group_depth++;
     pthread_mutex_unlock(&gpucr_nccl_mu);
     fn f = REAL(pncclGroupStart, fn); /* after the wait: a reload may have come */
     gpucr_nccl_inner++;
@@ -574,7 +606,7 @@ GPUCR_EXPORT ncclResult_t ncclGroupStart(void)
     gpucr_nccl_inner--;
     if (r != GPUCR_NCCL_SUCCESS) {
         pthread_mutex_lock(&gpucr_nccl_mu);
-        if (--gpucr_nccl_group_depth == 0) {
+        if (--group_depth == 0) {
             gpucr_nccl_in_group--;
             pthread_cond_broadcast(&gpucr_nccl_cv);
         }
@@ -595,7 +627,7 @@ GPUCR_EXPORT ncclResult_t ncclGroupEnd(void)
     ncclResult_t r = f();
     gpucr_nccl_inner--;
     pthread_mutex_lock(&gpucr_nccl_mu);
-    if (gpucr_nccl_group_depth > 0 && --gpucr_nccl_group_depth == 0) {
+    if (group_depth > 0 && --group_depth == 0) {
         gpucr_nccl_in_group--;
         pthread_cond_broadcast(&gpucr_nccl_cv);
     }
@@ -614,7 +646,7 @@ void gpucr_nccl_comms_after_fork_child(void)
     }
     gpucr_nccl_inflight = 0;
     gpucr_nccl_in_group = 0;
-    gpucr_nccl_group_depth = 0;
+    group_depth = 0;
     gpucr_nccl_inner = 0;
     gpucr_nccl_foreign = NULL;
 }

@@ -20,21 +20,26 @@
  *   nccl_thaw     leaves a cut that is not torn down (a checkpoint given up).
  * Every count is taken at a hook, under gpucr_nccl_mu, so a frozen count cannot
  * move except inside a group that was open at the freeze. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "hooks.h"
-#include "nccl_hooks.h"
+#include "driver.h"
+#include "hooks_vmm.h"
+#include "json.h"
+#include "log.h"
+#include "nccl_api.h"
+#include "nccl_comms.h"
+#include "nccl_cut.h"
+#include "nccl_finalize.h"
+#include "nccl_lib.h"
+#include "protocol.h"
+#include "protocol_keys.h"
 
-enum { CUT_NONE, CUT_FROZEN, CUT_TO_TARGETS, CUT_PARKED, CUT_TORN_DOWN };
-static const char *const cut_names[] = {"none", "frozen", "to_targets", "parked", "torn_down"};
-static int cut;
-long gpucr_nccl_inflight;
-long gpucr_nccl_in_group;
-__thread int gpucr_nccl_group_depth;
+static const char *const cut_names[] = {"none", "frozen", "to_targets", "parked", "torn_down"}; /* gpucr_cut's */
 
 static void *real_pncclCommFinalize, *real_pncclCommDestroy, *real_pncclCommAbort, *real_pncclGetUniqueId,
     *real_pncclCommInitRank,
@@ -44,22 +49,6 @@ static void *real_pncclCommFinalize, *real_pncclCommDestroy, *real_pncclCommAbor
 typedef ncclResult_t (*comm_fn)(ncclComm_t);
 
 static int live(const struct gpucr_vcomm *vc) { return !vc->ended; }
-
-static int at_targets(void)
-{
-    for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next)
-        if (live(vc) && vc->ops < vc->target)
-            return 0;
-    return 1;
-}
-
-int gpucr_nccl_must_park(void)
-{
-    return cut == CUT_FROZEN || cut >= CUT_PARKED || (cut == CUT_TO_TARGETS && at_targets());
-}
-
-int gpucr_nccl_parked(void) { return cut >= CUT_PARKED; }
-int gpucr_nccl_torn_down(void) { return cut == CUT_TORN_DOWN; }
 
 static size_t live_count(void)
 {
@@ -86,7 +75,7 @@ static void learn_sizes(void)
 
 static int settled(void)
 {
-    if (cut != CUT_TO_TARGETS || gpucr_nccl_in_group)
+    if (gpucr_cut != CUT_TO_TARGETS || gpucr_nccl_in_group)
         return 0;
     for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next)
         if (live(vc) && vc->ops != vc->target)
@@ -100,13 +89,13 @@ static const char *unrestorable(char *why, size_t len);
  * "key:ops:rank:nranks" (key in hex). */
 static void put_state(struct jbuf *out)
 {
-    jb_str(out, "cut", cut_names[cut]);
-    jb_bool(out, "quiet", gpucr_nccl_in_group == 0);
-    jb_bool(out, "settled", settled());
+    jb_str(out, KEY_cut, cut_names[gpucr_cut]);
+    jb_bool(out, KEY_quiet, gpucr_nccl_in_group == 0);
+    jb_bool(out, KEY_settled, settled());
     char why[256];
     if (unrestorable(why, sizeof why))
-        jb_str(out, "unrestorable", why);
-    jb_key_arr(out, "comms");
+        jb_str(out, KEY_unrestorable, why);
+    jb_key_arr(out, KEY_comms);
     for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next) {
         if (!live(vc))
             continue;
@@ -121,8 +110,8 @@ static void put_state(struct jbuf *out)
 void gpucr_nccl_status(struct jbuf *out)
 {
     pthread_mutex_lock(&gpucr_nccl_mu);
-    jb_u64(out, "nccl_comms", live_count());
-    jb_str(out, "nccl_cut", cut_names[cut]);
+    jb_u64(out, KEY_nccl_comms, live_count());
+    jb_str(out, KEY_nccl_cut, cut_names[gpucr_cut]);
     pthread_mutex_unlock(&gpucr_nccl_mu);
 }
 
@@ -155,7 +144,7 @@ int gpucr_nccl_refusal(char *why, size_t len)
     size_t n = 0;
     for (struct gpucr_vcomm *vc = gpucr_vcomm_first(); vc; vc = vc->next)
         n += live(vc) && vc->real;
-    int refuse = n > 0 || (gpucr_nccl_foreign && cut != CUT_TORN_DOWN);
+    int refuse = n > 0 || (gpucr_nccl_foreign && gpucr_cut != CUT_TORN_DOWN);
     pthread_mutex_unlock(&gpucr_nccl_mu);
     if (refuse)
         snprintf(why, len, "checkpoint refused: the process has %zu NCCL communicator%s that must be brought to a "
@@ -169,9 +158,9 @@ int gpucr_nccl_refusal(char *why, size_t len)
 static void reply_error(struct jbuf *out, const char *reason, const char *msg)
 {
     jb_begin(out);
-    jb_bool(out, "ok", 0);
-    jb_str(out, "reason", reason);
-    jb_str(out, "error", msg);
+    jb_bool(out, KEY_ok, 0);
+    jb_str(out, KEY_reason, reason);
+    jb_str(out, KEY_error, msg);
     pthread_mutex_lock(&gpucr_nccl_mu);
     put_state(out);
     pthread_mutex_unlock(&gpucr_nccl_mu);
@@ -181,7 +170,7 @@ static void reply_error(struct jbuf *out, const char *reason, const char *msg)
 static void reply_state(struct jbuf *out)
 {
     jb_begin(out);
-    jb_bool(out, "ok", 1);
+    jb_bool(out, KEY_ok, 1);
     pthread_mutex_lock(&gpucr_nccl_mu);
     put_state(out);
     pthread_mutex_unlock(&gpucr_nccl_mu);
@@ -227,8 +216,8 @@ static void cmd_nccl_freeze(const char *line, long timeout_ms, struct jbuf *out)
 {
     (void)line, (void)timeout_ms;
     pthread_mutex_lock(&gpucr_nccl_mu);
-    if (cut == CUT_NONE)
-        cut = CUT_FROZEN;
+    if (gpucr_cut == CUT_NONE)
+        gpucr_cut = CUT_FROZEN;
     learn_sizes();
     pthread_mutex_unlock(&gpucr_nccl_mu);
     reply_state(out);
@@ -237,11 +226,11 @@ static void cmd_nccl_freeze(const char *line, long timeout_ms, struct jbuf *out)
 static void cmd_nccl_targets(const char *line, long timeout_ms, struct jbuf *out)
 {
     (void)timeout_ms;
-    char *list = string_member(line, "targets");
+    char *list = string_member(line, KEY_targets);
     if (!list)
         return reply_error(out, "bad_request", "nccl_targets needs \"targets\": \"key=count,...\"");
     pthread_mutex_lock(&gpucr_nccl_mu);
-    if (cut != CUT_FROZEN && cut != CUT_TO_TARGETS) {
+    if (gpucr_cut != CUT_FROZEN && gpucr_cut != CUT_TO_TARGETS) {
         pthread_mutex_unlock(&gpucr_nccl_mu);
         free(list);
         return reply_error(out, "not_frozen", "nccl_targets: the process is not frozen (freeze it first)");
@@ -251,7 +240,7 @@ static void cmd_nccl_targets(const char *line, long timeout_ms, struct jbuf *out
         if (live(vc))
             vc->target = field_for(list, vc->key, val, sizeof val) ? strtoull(val, NULL, 10) : vc->ops;
     }
-    cut = CUT_TO_TARGETS;
+    gpucr_cut = CUT_TO_TARGETS;
     pthread_cond_broadcast(&gpucr_nccl_cv);
     pthread_mutex_unlock(&gpucr_nccl_mu);
     free(list);
@@ -264,7 +253,7 @@ static void cmd_nccl_park(const char *line, long timeout_ms, struct jbuf *out)
     pthread_mutex_lock(&gpucr_nccl_mu);
     int ok = settled();
     if (ok)
-        cut = CUT_PARKED;
+        gpucr_cut = CUT_PARKED;
     pthread_mutex_unlock(&gpucr_nccl_mu);
     if (!ok)
         return reply_error(out, "not_settled", "nccl_park: the process has not settled at its targets");
@@ -275,9 +264,9 @@ static void cmd_nccl_thaw(const char *line, long timeout_ms, struct jbuf *out)
 {
     (void)line, (void)timeout_ms;
     pthread_mutex_lock(&gpucr_nccl_mu);
-    int torn = cut == CUT_TORN_DOWN;
+    int torn = gpucr_cut == CUT_TORN_DOWN;
     if (!torn) {
-        cut = CUT_NONE;
+        gpucr_cut = CUT_NONE;
         pthread_cond_broadcast(&gpucr_nccl_cv);
     }
     pthread_mutex_unlock(&gpucr_nccl_mu);
@@ -321,7 +310,7 @@ static void cmd_nccl_teardown(const char *line, long timeout_ms, struct jbuf *ou
         timeout_ms = 10000;
     pthread_mutex_lock(&gpucr_nccl_mu);
     const char *bad = unrestorable(why, sizeof why);
-    if (!bad && cut != CUT_PARKED && live_count())
+    if (!bad && gpucr_cut != CUT_PARKED && live_count())
         bad = "nccl_teardown: the process is not parked at a consistent cut";
     if (!bad && (!fns.finalize || !fns.abort || !destroy))
         bad = "nccl_teardown: this libnccl has no ncclCommFinalize (NCCL 2.14 or later is needed)";
@@ -350,7 +339,7 @@ static void cmd_nccl_teardown(const char *line, long timeout_ms, struct jbuf *ou
     for (struct gpucr_vreg *reg = gpucr_vreg_first(); reg; reg = reg->next)
         reg->real = NULL; /* went with their communicators */
     pthread_mutex_lock(&gpucr_nccl_mu);
-    cut = CUT_TORN_DOWN; /* either way none is left: a rebuild makes them anew */
+    gpucr_cut = CUT_TORN_DOWN; /* either way none is left: a rebuild makes them anew */
     pthread_mutex_unlock(&gpucr_nccl_mu);
     if (!finalized) {
         snprintf(why, sizeof why,
@@ -360,11 +349,11 @@ static void cmd_nccl_teardown(const char *line, long timeout_ms, struct jbuf *ou
         return reply_error(out, "aborted", why);
     }
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_u64(out, "torn_down", n);
-    jb_f64(out, "teardown_s", gpucr_now() - t0);
+    jb_bool(out, KEY_ok, 1);
+    jb_u64(out, KEY_torn_down, n);
+    jb_f64(out, KEY_teardown_s, gpucr_now() - t0);
     if (worst != GPUCR_NCCL_SUCCESS)
-        jb_i64(out, "finalize_error", worst);
+        jb_i64(out, KEY_finalize_error, worst);
     jb_end(out);
 }
 
@@ -379,8 +368,8 @@ static void cmd_nccl_reload(const char *line, long timeout_ms, struct jbuf *out)
     if (gpucr_nccl_reload(why, sizeof why) != 0)
         return reply_error(out, "failed", why);
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_f64(out, "reload_s", gpucr_now() - t0);
+    jb_bool(out, KEY_ok, 1);
+    jb_f64(out, KEY_reload_s, gpucr_now() - t0);
     jb_end(out);
 }
 
@@ -432,8 +421,8 @@ static void cmd_nccl_ids(const char *line, long timeout_ms, struct jbuf *out)
         len += 2 * sizeof id;
     }
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_str(out, "ids", list);
+    jb_bool(out, KEY_ok, 1);
+    jb_str(out, KEY_ids, list);
     jb_end(out);
     free(list);
 }
@@ -447,7 +436,7 @@ static void cmd_nccl_rebuild(const char *line, long timeout_ms, struct jbuf *out
     init_fn init = REAL(pncclCommInitRank, init_fn);
     config_fn init_config = REAL(pncclCommInitRankConfig, config_fn);
     reg_fn reg = REAL(pncclCommRegister, reg_fn);
-    char *list = string_member(line, "ids");
+    char *list = string_member(line, KEY_ids);
     char why[256];
     if (!list)
         return reply_error(out, "bad_request", "nccl_rebuild needs \"ids\": \"key=hex,...\"");
@@ -501,13 +490,13 @@ static void cmd_nccl_rebuild(const char *line, long timeout_ms, struct jbuf *out
         gpucr_drv.cuCtxSetCurrent(old);
     free(list);
     pthread_mutex_lock(&gpucr_nccl_mu);
-    cut = CUT_NONE;
+    gpucr_cut = CUT_NONE;
     pthread_cond_broadcast(&gpucr_nccl_cv);
     pthread_mutex_unlock(&gpucr_nccl_mu);
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_u64(out, "rebuilt", n);
-    jb_f64(out, "rebuild_s", gpucr_now() - t0);
+    jb_bool(out, KEY_ok, 1);
+    jb_u64(out, KEY_rebuilt, n);
+    jb_f64(out, KEY_rebuild_s, gpucr_now() - t0);
     jb_end(out);
 }
 
@@ -522,7 +511,7 @@ int gpucr_cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jb
     return r;
 }
 
-/* one handler per request of GPUCR_NCCL_COMMANDS (gpucr.h), cmd_<name>: a name without one does not build */
+/* one handler per request of GPUCR_NCCL_COMMANDS (protocol.h), cmd_<name>: a name without one does not build */
 static void cmd_nccl_counts(const char *line, long timeout_ms, struct jbuf *out)
 {
     (void)line, (void)timeout_ms;
@@ -548,4 +537,4 @@ static int cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct j
     return 0;
 }
 
-void gpucr_nccl_cut_after_fork_child(void) { cut = CUT_NONE; }
+void gpucr_nccl_cut_after_fork_child(void) { gpucr_cut = CUT_NONE; }

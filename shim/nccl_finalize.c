@@ -11,8 +11,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "hooks.h"
-#include "nccl_hooks.h"
+#include "log.h"
+#include "nccl_api.h"
+#include "nccl_finalize.h"
 
 struct finalizing {
     struct gpucr_nccl_finalize_fns fns;

@@ -2,6 +2,8 @@
  * do not edit by hand; `make -C shim gen` regenerates it. Every NCCL entry point
  * that takes a communicator and is not written by hand in nccl_comms.c. */
 /* clang-format off */
+#include "export.h"
+#include "nccl_api.h"
 #include "nccl_hooks.h"
 
 GPUCR_EXPORT ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream);

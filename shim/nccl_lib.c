@@ -20,8 +20,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "hooks.h"
-#include "nccl_hooks.h"
+#include <pthread.h>
+
+#include "driver.h"
+#include "log.h"
+#include "nccl_lib.h"
 
 #define MAX_CACHES 256
 

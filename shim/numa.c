@@ -18,6 +18,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <linux/mempolicy.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,7 +27,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "gpucr.h"
+#include "log.h"
+#include "numa.h"
 
 #define MAX_NODES 1024
 

@@ -3,7 +3,8 @@
  * that place memory or copy (the checkpoint, the arena's growth, the copy
  * workers) make one of the process's contexts current first, so that is the
  * GPU whose data they move. No context, or no driver yet: nothing to name. */
-#include "hooks.h"
+#include "driver.h"
+#include "numa_gpu.h"
 
 int gpucr_gpu_busid(char *busid, size_t len)
 {

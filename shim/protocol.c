@@ -1,8 +1,9 @@
-/* The control protocol: one small JSON object per line each way (json.c).
- * Requests are flat objects, e.g. {"cmd": "checkpoint", "timeout_ms": 5000}. */
+/* The control requests, read with json.c (protocol.h). */
 #include <string.h>
 
-#include "gpucr.h"
+#include "json.h"
+#include "protocol.h"
+#include "protocol_keys.h"
 
 int gpucr_req_parse(const char *line, struct gpucr_req *req)
 {
@@ -20,7 +21,7 @@ int gpucr_req_parse(const char *line, struct gpucr_req *req)
             return -1;
         switch (m.value.type) {
         case JSON_STRING:
-            if (strcmp(key, "cmd"))
+            if (strcmp(key, KEY_cmd))
                 break; /* other strings are read by the command itself */
             n = json_string(&m.value, sval, sizeof sval);
             if (n < 0 || (size_t)n >= sizeof sval || (size_t)n >= sizeof req->cmd)
@@ -29,13 +30,13 @@ int gpucr_req_parse(const char *line, struct gpucr_req *req)
             break;
         case JSON_NUMBER:
             json_number(&m.value, &v);
-            if (!strcmp(key, "timeout_ms"))
+            if (!strcmp(key, KEY_timeout_ms))
                 req->timeout_ms = (long)v;
-            else if (!strcmp(key, "id") && v >= 0)
+            else if (!strcmp(key, KEY_id) && v >= 0)
                 req->id = (uint64_t)v;
             break;
         case JSON_TRUE:
-            if (!strcmp(key, "linkable"))
+            if (!strcmp(key, KEY_linkable))
                 req->linkable = 1;
             break;
         case JSON_FALSE:

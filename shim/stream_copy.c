@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gpucr.h"
+#include "stream_copy.h"
 
 #if defined(__x86_64__)
 #include <emmintrin.h>

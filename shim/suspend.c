@@ -22,6 +22,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -31,7 +32,15 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "gpucr.h"
+#include "checkpoint.h"
+#include "json.h"
+#include "log.h"
+#include "protocol_keys.h"
+#include "suspend.h"
+
+#ifndef GPUCR_YIELD_ON_TSTP_DEFAULT
+#define GPUCR_YIELD_ON_TSTP_DEFAULT 1 /* GPUCR_YIELD_ON_TSTP unset or empty */
+#endif
 
 pthread_mutex_t gpucr_cmd_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -110,7 +119,7 @@ static void stop_self(void)
 static void reply_error(const struct jbuf *j, char *why, size_t len)
 {
     struct json_value e;
-    if (!j->buf || json_find(j->buf, "error", &e) != 1 || json_string(&e, why, len) < 0)
+    if (!j->buf || json_find(j->buf, KEY_error, &e) != 1 || json_string(&e, why, len) < 0)
         snprintf(why, len, "%s", "unknown error");
     char *end = strpbrk(why, ";\"");
     if (end)

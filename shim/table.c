@@ -1,9 +1,10 @@
 /* What the shim tracks: physical allocations, their mappings, and small sets
  * (managed memory, stream-ordered allocations, IPC use, contexts). One lock. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpucr.h"
+#include "table.h"
 
 /* ---- u64map: open addressing, linear probing -------------------------- */
 
@@ -225,6 +226,16 @@ void gpucr_map_foreach(void (*fn)(struct gpucr_map *, void *), void *arg)
 
 size_t gpucr_phys_count(void) { return phys.n; }
 size_t gpucr_phys_bytes(void) { return __atomic_load_n(&phys_bytes, __ATOMIC_RELAXED); }
+void gpucr_phys_count_shared(size_t *exported, size_t *imported)
+{
+    *exported = *imported = 0;
+    U64MAP_FOREACH(&phys, i) {
+        const struct gpucr_phys *p = (const struct gpucr_phys *)(uintptr_t)phys.vals[i];
+        *exported += (p->flags & PHYS_EXPORTED) != 0;
+        *imported += (p->flags & PHYS_IMPORTED) != 0;
+    }
+}
+
 size_t gpucr_map_count(void) { return maps.n; }
 
 void gpucr_set_put(int set, uint64_t key, uint64_t val) { u64map_put(&sets[set], key, val); }

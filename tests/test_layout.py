@@ -170,3 +170,42 @@ def test_the_architecture_page_names_every_folder_and_module():
         missing += [f"{folder}{p.stem}" for p in d.glob("*.py")
                     if p.stem not in ("__init__", "__main__") and p.stem not in named]
     assert missing == []
+
+
+def _shim_layers():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "shim" / "tools" / "check_layers.py"
+    spec = importlib.util.spec_from_file_location("check_layers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_shim_includes_what_it_names_in_layers():
+    """shim/tools/check_layers.py (make -C shim check-layers): each C file of the shim
+    includes the header of everything it names, and its modules go down in layers."""
+    problems, edges = _shim_layers().check()
+    assert problems == []
+    assert {"log", "json", "table", "driver", "checkpoint", "dispatch", "init"} <= set(edges)
+
+
+def test_the_shim_layer_check_finds_what_it_forbids(tmp_path):
+    """A name from a header not included, a call up the layers, a function that
+    belongs in its own file: each is reported."""
+    import shutil
+    from pathlib import Path
+
+    layers = _shim_layers()
+    shim = tmp_path / "shim"
+    shutil.copytree(Path(layers.__file__).parent.parent, shim, ignore=shutil.ignore_patterns("*.so", "tools"))
+    gate_c, gate_h = (shim / "gate.c").read_text(), (shim / "gate.h").read_text()
+    (shim / "gate.c").write_text(gate_c.replace('#include "log.h"\n', "") + "void gpucr_gate_alone(void) {}\n")
+    (shim / "gate.h").write_text(gate_h.replace("#endif", "void gpucr_gate_alone(void);\n#endif"))
+    numa = (shim / "numa.c").read_text().replace('#include "log.h"', '#include "arena.h"\n#include "log.h"')
+    (shim / "numa.c").write_text(numa.replace("return error;", "return *error ? error : gpucr_arena_dir();"))
+    problems, _ = layers.check(shim)
+    assert "gate.c names gpucr_deadline_in of log.h but does not include it" in problems
+    assert "gpucr_gate_alone (gate.h) is named only in gate.c: make it static there" in problems
+    assert "modules depend on each other in a loop: arena -> numa" in problems, problems

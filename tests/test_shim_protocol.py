@@ -2,8 +2,11 @@
 gpucr_hpc/shim/protocol.py (a CPU process: the GPU data messages of the copy helper
 are exercised by test_copy_helper_gpu.py on a GPU machine)."""
 
+import ast
 import os
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from shim_helpers import shim_env, wait_for
@@ -133,19 +136,95 @@ def test_nccl_answers_parse_into_typed_fields():
     assert (empty.nccl_comms, empty.comms, empty.nccl_ids) == (0, (), {})
 
 
-def test_the_shim_and_python_name_the_same_requests():
-    """shim/control.c's table and gpucr.h's NCCL list are the requests the shim
-    answers; gpucr_hpc/shim/protocol.py names each of them, and no other."""
-    import re
-    from pathlib import Path
+SHIM = Path(__file__).resolve().parent.parent / "shim"
 
-    shim = Path(__file__).resolve().parent.parent / "shim"
-    control = (shim / "control.c").read_text()
-    table = control[control.index("} commands[] = {"):]
-    c_names = set(re.findall(r'^\s*\{"(\w+)", do_\w+', table, re.M))
-    nccl = (shim / "gpucr.h").read_text()
-    nccl = nccl[nccl.index("#define GPUCR_NCCL_COMMANDS(X)"):]
-    c_names |= set(re.findall(r"X\((\w+)\)", nccl[:nccl.index("int gpucr_cmd_nccl")]))
+
+def _x_list(header: str, macro: str) -> list[str]:
+    """The names of an X-macro list of a shim header: X(name) or X(name, ...)."""
+    lines = iter((SHIM / header).read_text().splitlines())
+    block = [next(ln for ln in lines if ln.startswith(f"#define {macro}(X)"))]
+    while block[-1].endswith("\\"):
+        block.append(next(lines))
+    return re.findall(r"\bX\((\w+)", "\n".join(block))
+
+
+def test_the_shim_and_python_name_the_same_requests():
+    """protocol.h's lists are the requests the shim answers (dispatch.c's table is
+    made from them); gpucr_hpc/shim/protocol.py names each of them, and no other."""
+    c_names = set(_x_list("protocol.h", "GPUCR_COMMANDS")) | set(_x_list("protocol.h", "GPUCR_NCCL_COMMANDS"))
     assert c_names == set(protocol.REQUESTS), (sorted(c_names - set(protocol.REQUESTS)),
                                                 sorted(set(protocol.REQUESTS) - c_names))
     assert len(c_names) >= 19
+
+
+def _python_keys() -> set[str]:
+    """The keys gpucr_hpc/shim/protocol.py reads of an answer or a copy helper's
+    request (d.get("k"), d["k"], REPORTED), or writes (dict literals)."""
+    keys = set()
+    for n in ast.walk(ast.parse(Path(protocol.__file__).read_text())):
+        if isinstance(n, ast.Dict):
+            keys |= {k.value for k in n.keys if isinstance(k, ast.Constant)}
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and n.args:
+            keys |= {n.args[0].value} if isinstance(n.args[0], ast.Constant) else set()
+        elif isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str):
+            keys.add(n.slice.value)
+    return keys | set(protocol.REPORTED)
+
+
+def _request_fields() -> set[str]:
+    """The fields the package sends with a request: the keywords of every call that
+    passes a request (a protocol constant such as ARENA_FILES), and the keys of a
+    dict literal it passes as **fields."""
+    requests = {name for name, value in vars(protocol).items() if name.isupper() and value in protocol.REQUESTS}
+    fields = set()
+    for path in Path(protocol.__file__).parent.parent.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            dicts = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                     for t in n.targets if isinstance(t, ast.Name)}
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+                if not any(getattr(a, "id", getattr(a, "attr", None)) in requests for a in call.args):
+                    continue
+                for kw in call.keywords:
+                    if kw.arg and kw.arg not in ("timeout", "fds"):
+                        fields.add(kw.arg)
+                    elif kw.arg is None and isinstance(kw.value, ast.Name) and kw.value.id in dicts:
+                        fields |= {k.value for d in ast.walk(dicts[kw.value.id]) if isinstance(d, ast.Dict)
+                                   for k in d.keys if isinstance(k, ast.Constant)}
+    return fields
+
+
+# What the shim says that no code decides on: `status --json` prints it whole
+# (Reply.raw). Typing a key in protocol.py takes it off this list; nothing may be added.
+KNOWN_UNTYPED = {"ppid", "uid", "mappings", "async_allocations", "multicast_objects", "arena_segments",
+                 "arena_hugetlb", "numa_node", "numa_error", "helper_setup_s", "arena_prealloc", "staging_bytes",
+                 "arena_detached", "copy_helper", "helper_segments", "gate_waits", "vmm_backing", "getproc_hooked",
+                 "dlsym_hooked", "socket", "warning", "staging_bytes_dropped", "segment_fds", "segment_linkable",
+                 "segments", "detach_s", "torn_down", "finalize_error", "reload_s", "rebuilt", "rebuild_s"}
+
+
+def test_the_shim_and_python_spell_the_same_keys():
+    """protocol_keys.h is every key the shim reads or writes; protocol.py reads and
+    writes none the shim does not, the package sends no request field the shim
+    does not read, and every key the shim writes is typed in protocol.py or known
+    to be passed through untyped."""
+    c_keys = _x_list("protocol_keys.h", "GPUCR_KEYS")
+    assert len(c_keys) == len(set(c_keys)) > 80, sorted(k for k in c_keys if c_keys.count(k) > 1)
+    python, sent = _python_keys(), _request_fields()
+    assert python <= set(c_keys), sorted(python - set(c_keys))
+    assert sent <= set(c_keys), sorted(sent - set(c_keys))
+    assert {"timeout_ms", "into", "linkable", "targets", "ids"} <= sent
+    untyped = set(c_keys) - python - sent
+    assert untyped == KNOWN_UNTYPED, f"new: {sorted(untyped - KNOWN_UNTYPED)}; typed: {sorted(KNOWN_UNTYPED - untyped)}"
+
+
+def test_the_shim_spells_each_key_once():
+    """The shim's C names a key as KEY_<key> (protocol_keys.h), never as a string
+    where a JSON member is written or looked up, and names every listed key."""
+    sources = {p.name: p.read_text() for p in SHIM.glob("*.c") if p.name != "protocol_keys.c"}
+    literal = re.compile(r"\b(?:jb_\w+|json_find|string_member|ok_with)\([^,;(){}\n]*,\s*\"")
+    assert [f"{name}: {m.group(0)}" for name, text in sources.items() for m in literal.finditer(text)] == []
+    named = set(re.findall(r"\bKEY_(\w+)", "\n".join(sources.values())))
+    assert set(_x_list("protocol_keys.h", "GPUCR_KEYS")) - named == set()

@@ -1,4 +1,6 @@
-"""The shim's control-socket messages, typed: the one place their keys are spelled.
+"""The shim's control-socket messages, typed: the one place their keys are spelled
+in Python (shim/protocol_keys.h is the shim's; tests/test_shim_protocol.py checks
+that both spell the same).
 
 A request is one JSON object on one line, `{"cmd": NAME, ...}` (shim/protocol.c
 reads it); the answer is one JSON object on one line, written by the shim's JSON
@@ -15,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Requests (the shim's commands; shim/control.c's table and the NCCL command
-# list in gpucr.h name the same; tests/test_shim_protocol.py checks it).
+# Requests (the shim's commands; the command lists of shim/protocol.h name the
+# same; tests/test_shim_protocol.py checks it).
 STATUS = "status"
 PING = "ping"
 CHECKPOINT = "checkpoint"          # quiesce, copy the GPU data to the arena, yield the GPU memory

@@ -8,7 +8,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "gpucr.h"
+#include "checkpoint.h"
+#include "ipc_legacy.h"
+#include "json.h"
+#include "nccl_cut.h"
+#include "protocol_keys.h"
+#include "status.h"
 
 static int checkpointed;
 
@@ -19,12 +24,12 @@ static void note(const char *what)
         (void)!write(atoi(fd), what, strlen(what));
 }
 
-void gpucr_cmd_status(struct jbuf *out) { jb_begin(out); jb_bool(out, "ok", 1); jb_end(out); }
+void gpucr_cmd_status(struct jbuf *out) { jb_begin(out); jb_bool(out, KEY_ok, 1); jb_end(out); }
 static int refuse(struct jbuf *out, int outcome, const char *why)
 {
     jb_begin(out);
-    jb_bool(out, "ok", 0);
-    jb_str(out, "error", why);
+    jb_bool(out, KEY_ok, 0);
+    jb_str(out, KEY_error, why);
     jb_end(out);
     return outcome;
 }
@@ -70,8 +75,8 @@ int gpucr_cmd_nccl(const char *cmd, const char *line, long timeout_ms, struct jb
     if (strcmp(cmd, "nccl_counts"))
         return 0;
     jb_begin(out);
-    jb_bool(out, "ok", 1);
-    jb_str(out, "cut", "none");
+    jb_bool(out, KEY_ok, 1);
+    jb_str(out, KEY_cut, "none");
     jb_end(out);
     return 1;
 }

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "arena.h"
 
 static int registered, unregistered;
 static int reg(void *b, size_t s) { (void)b; (void)s; registered++; return 0; }
@@ -249,8 +249,7 @@ int main(void)
     CHECK(gpucr_arena_segments() == 3);
     PASS("arena detach/attach");
 
-    /* every mapped segment keeps its descriptor, unasked (gpucr_arena_keep_fds);
-     * a detach closes them all */
+    /* every mapped segment keeps its descriptor; a detach closes them all */
     int seg, fd, segfd[3], linkable;
     size_t off, segsize;
     unsigned gen, gen2;
@@ -269,7 +268,6 @@ int main(void)
      * its placements, and another mapping of it writes into them; a detach
      * closes the descriptor, an attach opens a new file (a new generation) */
     CHECK(gpucr_arena_locate(line, &seg, &off) == -1); /* not in the arena */
-    gpucr_arena_keep_fds(); /* the helper still asks: nothing changes */
     CHECK(gpucr_arena_detach(unreg) == 0 && gpucr_arena_attach(reg) == 0);
     memset(out[1], 'z', more[1]);
     CHECK(gpucr_arena_locate((char *)out[1] + 5, &seg, &off) == 0);

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "arena.h"
 
 #define MIB (1ul << 20)
 

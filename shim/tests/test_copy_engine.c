@@ -5,7 +5,13 @@
 #include <string.h>
 
 #include "check.h"
-#include "../hooks.h"
+#include "copy_engine.h"
+#include "copy_stats.h"
+#include "datapath.h"
+#include "driver.h"
+#include "helper.h"
+#include "mapping.h"
+#include "table.h"
 
 struct gpucr_driver gpucr_drv;
 int gpucr_pin_arena;

@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "../hooks.h"
+#include "copy_stats.h"
+#include "datapath.h"
+#include "driver.h"
+#include "table.h"
 
 struct gpucr_driver gpucr_drv;
 

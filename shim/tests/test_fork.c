@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "arena.h"
+#include "gate.h"
+#include "table.h"
 
 int main(void)
 {

@@ -1,10 +1,11 @@
 /* The API gate: open pass-through, close drains in-flight calls, new calls wait
  * while closed, a close that cannot drain times out and reopens, nesting. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "gate.h"
 
 static atomic_int phase, entered, finished;
 

@@ -14,7 +14,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "arena.h"
+#include "mem_room.h"
 
 #define MIB (1ull << 20)
 

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/mempolicy.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "arena.h"
+#include "numa.h"
 
 #define LEN (4u << 20)
 

@@ -2,7 +2,9 @@
 #include <string.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "dispatch.h"
+#include "json.h"
+#include "protocol.h"
 
 int main(void)
 {
@@ -63,20 +65,20 @@ int main(void)
 
     char err[128];
     jb_init(&j);
-    gpucr_control_dispatch("{\"cmd\":\"nope\"}", &j);
+    gpucr_dispatch("{\"cmd\":\"nope\"}", &j);
     CHECK(json_find(j.buf, "error", &v) == 1 && json_string(&v, err, sizeof err) > 0 && !strcmp(err, "unknown command"));
     j.len = 0;
-    gpucr_control_dispatch("garbage", &j);
+    gpucr_dispatch("garbage", &j);
     CHECK(json_find(j.buf, "error", &v) == 1 && json_string(&v, err, sizeof err) > 0 && !strncmp(err, "bad request", 11));
     j.len = 0;
-    gpucr_control_dispatch("{\"cmd\":\"ping\"}", &j);
+    gpucr_dispatch("{\"cmd\":\"ping\"}", &j);
     CHECK(json_find(j.buf, "ok", &v) == 1 && v.type == JSON_TRUE);
     j.len = 0;
-    gpucr_control_dispatch("{\"cmd\":\"ipc_fd\",\"id\":7}", &j); /* the stub has no exports */
+    gpucr_dispatch("{\"cmd\":\"ipc_fd\",\"id\":7}", &j); /* the stub has no exports */
     CHECK(json_find(j.buf, "ok", &v) == 1 && v.type == JSON_FALSE);
     CHECK(json_find(j.buf, "error", &v) == 1 && json_string(&v, err, sizeof err) > 0 && !strncmp(err, "no such IPC export", 18));
     j.len = 0;
-    gpucr_control_dispatch("{\"cmd\":\"arena_files\"}", &j); /* a command (the stub's answer) */
+    gpucr_dispatch("{\"cmd\":\"arena_files\"}", &j); /* a command (the stub's answer) */
     CHECK(json_find(j.buf, "ok", &v) == 1 && v.type == JSON_TRUE && json_find(j.buf, "error", &v) == 0);
     jb_free(&j);
     PASS("dispatch");

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "stream_copy.h"
 
 #define GUARD 64
 

@@ -1,7 +1,7 @@
 /* The tracking table: hash map, phys/map bookkeeping, handle translation,
  * range queries, sets. */
 #include "check.h"
-#include "gpucr.h"
+#include "table.h"
 
 static void count(struct gpucr_map *m, void *arg) { (void)m; ++*(int *)arg; }
 static void del(struct gpucr_map *m, void *arg) { (void)arg; gpucr_map_del(m->va); }

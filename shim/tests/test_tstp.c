@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "gpucr.h"
+#include "suspend.h"
 
 struct child {
     pid_t pid;

@@ -131,6 +131,7 @@ def registry(text):
            " * the hooks of the entry points that wait at the API gate while a process is yielded",
            " * (tools/driver_calls.py says which, and why). */",
            "/* clang-format off */",
+           '#include "export.h"',
            '#include "hooks.h"', "",
            "/* deprecated entry points are still called by old programs: they are hooked too */",
            '#pragma GCC diagnostic ignored "-Wdeprecated-declarations"', "",

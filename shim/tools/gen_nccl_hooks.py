@@ -85,6 +85,8 @@ def main(paths: list[str]) -> str:
             " * do not edit by hand; `make -C shim gen` regenerates it. Every NCCL entry point\n"
             " * that takes a communicator and is not written by hand in nccl_comms.c. */\n"
             "/* clang-format off */\n"
+            "#include \"export.h\"\n"
+            "#include \"nccl_api.h\"\n"
             "#include \"nccl_hooks.h\"\n\n" + body)
 
 
