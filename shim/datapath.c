@@ -8,7 +8,7 @@
  * pinned staging ring, allocated once, and worker threads memcpy between ring
  * and arena while the next DMAs run.
  * Host memory bandwidth is what limits that copy (each byte crosses it three
- * times), so the defaults, tuned on the H100 machine (scripts/datapath_tune.py,
+ * times), so the defaults, tuned on the H100 machine (bench/datapath_tune.py,
  * bench/results/datapath-tune-h100-*.json), keep traffic down: 8 MiB slots, so
  * the ring (2 slots a worker, 240 MiB at 15 workers) stays inside its 300 MiB L3
  * and the DMA and the worker meet there, not in DRAM; streaming stores into the

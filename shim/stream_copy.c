@@ -5,7 +5,7 @@
  * writes (read-for-ownership) and leaves it in the cache, where nothing will
  * read it soon; a streaming store does neither. glibc's memcpy streams only
  * above a threshold it derives from the cache size, which a VM may report
- * oddly, so the choice is made here and measured (scripts/gpu-datapath tune).
+ * oddly, so the choice is made here and measured (gpu-checks/gpu-datapath tune).
  * SSE2 only: it is part of x86-64, and the copy is bound by memory, not by
  * instruction width. Elsewhere this is plain memcpy. */
 #include <stdint.h>
