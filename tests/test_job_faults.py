@@ -52,9 +52,18 @@ def still_counting(cluster, jobid, logs):
     assert cluster.job(jobid)["JobState"] == "RUNNING"
 
 
-def agent_pids() -> list[int]:
+def agent_pids(jobid: str) -> list[int]:
+    """The node agents of this job's checkpoint: other workers' clusters run agents too."""
     out = subprocess.run(["pgrep", "-f", "gpucr_hpc.job.checkpoint.agent checkpoint"], capture_output=True, text=True)
-    return [int(x) for x in out.stdout.split()]
+    mine = []
+    for pid in map(int, out.stdout.split()):
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"SLURM_JOB_ID={jobid}".encode() in env:
+            mine.append(pid)
+    return mine
 
 
 def test_agent_killed_mid_checkpoint_aborts_and_job_runs_on(slurm_cluster, workdir):
@@ -64,8 +73,8 @@ def test_agent_killed_mid_checkpoint_aborts_and_job_runs_on(slurm_cluster, workd
         ck = subprocess.Popen([sys.executable, "-m", "gpucr_hpc", "checkpoint", jobid],
                               env=slurm_cluster.env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: agent_pids(), timeout=30, what="the node agent to start")
-        for pid in agent_pids():
+        wait_for(lambda: agent_pids(jobid), timeout=30, what="the node agent to start")
+        for pid in agent_pids(jobid):
             os.kill(pid, 9)
         _, err = ck.communicate(timeout=120)
         assert ck.returncode != 0
