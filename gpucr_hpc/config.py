@@ -262,6 +262,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("GPUCR_CHECKPOINT_INTERVAL", "int", "0",
        "Seconds between periodic in-place checkpoints of the job, against node failures (0: none); the plugin "
        "sets it from `--gpucr-interval` or plugstack `interval=`.", "python", set_by=_JOB, minimum=0),
+    _s("GPUCR_OUTSIDE", "choice", "refuse",
+       "What a checkpoint does with a TCP connection of the job to a server outside it: `refuse` (a checkpoint "
+       "of a process with one is refused) or `close` (it is restored closed, so the program sees it closed and "
+       "reconnects); the plugin sets it from `--gpucr-outside` or plugstack `outside=`.",
+       "python", set_by=_JOB, choices=("refuse", "close")),
     _s("GPUCR_SBATCH_SIGNAL_SET", "flag", None,
        "The plugin's mark that it set `SBATCH_SIGNAL` for the job itself (so that it takes it out again).",
        "plugin", set_by=_JOB),

@@ -103,13 +103,16 @@ class HelperLauncher(subprocess.Popen):
 
 def start_restore(images_dir: Path, work_dir: Path, *, shell_job: bool, new_pidns: bool,
                   inherit: dict[int, str] | None = None, tied: bool = False, tcp: bool = False,
-                  moved: dict[str, str] | None = None, lock: Spec | None = None) -> Restored:
-    """The helper moves the TCP ends (`moved`) in its own checked copy of the
-    images, and takes `lock` on the restored connections just before CRIU runs."""
+                  moved: dict[str, str] | None = None, lock: Spec | None = None,
+                  closed: list[tuple[str, str]] | None = None) -> Restored:
+    """The helper closes the connections `closed` names and moves the TCP ends
+    (`moved`) in its own checked copy of the images, and takes `lock` on the
+    restored connections just before CRIU runs."""
     inherit = inherit or {}
     flags = (["--shell-job"] * shell_job + ["--new-pidns"] * new_pidns + ["--tied"] * tied
              + [f"--inherit-fd={fd}:{key}" for fd, key in sorted(inherit.items())]
              + ["--tcp"] * tcp + [f"--move={k}={v}" for k, v in sorted((moved or {}).items())]
+             + [arg for local, remote in closed or [] for arg in ("--close", local, remote)]
              + (_lock_flags(lock.name, lock.flows, lock.expires_s) if lock else []))
     std = [None if fd in inherit else subprocess.DEVNULL for fd in (0, 1)]
     proc = HelperLauncher(_argv("restore", images_dir, work_dir, flags), stdin=std[0], stdout=std[1],

@@ -210,7 +210,8 @@ class Criu:
     def start_restore(self, images_dir: Path, work_dir: Path, *, shell_job: bool,
                       new_pidns: bool, inherit: dict[int, str] | None = None,
                       extra: list[str] | None = None, tied: bool = False, tcp: bool = False,
-                      moved: dict[str, str] | None = None, lock: Spec | None = None) -> Restored:
+                      moved: dict[str, str] | None = None, lock: Spec | None = None,
+                      closed: list[tuple[str, str]] | None = None) -> Restored:
         """Restore a tree; returns once it runs (or raises with CRIU's own error).
 
         In the current PID namespace CRIU detaches (`-d`) and the tree is
@@ -228,7 +229,8 @@ class Criu:
 
         `tcp`: the images hold established TCP connections. `moved`: those of
         their ends that are elsewhere now ("addr:port" or "addr" -> new address),
-        rewritten in a copy of the images (criu/tcp). `lock`: taken on the
+        rewritten in a copy of the images (criu/tcp); `closed`: connections
+        (local end, remote end) given back closed there. `lock`: taken on the
         restored connections just before CRIU runs (tcp/lock); the caller
         lets it go.
 
@@ -239,11 +241,11 @@ class Criu:
             from gpucr_hpc.criu import root_helper
             return root_helper.start_restore(images_dir, work_dir, shell_job=shell_job,
                                              new_pidns=new_pidns, inherit=inherit, tied=tied,
-                                             tcp=tcp, moved=moved, lock=lock)
-        if moved:
+                                             tcp=tcp, moved=moved, lock=lock, closed=closed)
+        if moved or closed:
             from gpucr_hpc.criu import tcp as criu_tcp
 
-            images_dir = criu_tcp.moved_copy(images_dir, work_dir / "moved-images", moved)
+            images_dir = criu_tcp.moved_copy(images_dir, work_dir / "moved-images", moved or {}, closed)
         if lock:
             from gpucr_hpc.tcp import lock as netlock
 

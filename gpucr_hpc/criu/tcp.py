@@ -122,22 +122,59 @@ def move_addresses(image_dir: Path, moved: dict[str, str]) -> int:
                 s[addr_key] = [f"::ffff:{to}" if mapped else to]
                 changed += 1
     if changed:
-        path = Path(image_dir) / FILES_IMAGE
-        tmp = path.with_suffix(".img.tmp")
-        with open(tmp, "wb") as f:
-            images.dump(img, f)
-        os.replace(tmp, path)
+        _replace(image_dir, images, img)
     return changed
 
 
-def moved_copy(criu_dir: Path, dest: Path, moved: dict[str, str]) -> Path:
-    """A view of the CRIU images in `criu_dir` with the TCP ends moved (move_addresses):
-    links to every image but the one rewritten, so a committed image is never changed."""
+def close_connections(image_dir: Path, closed: list[tuple[str, str]]) -> int:
+    """Give back closed the image's connections `closed` names ((local end, remote end),
+    as the image records them): CRIU then makes each a fresh TCP socket that is
+    neither bound nor connected (as its --tcp-close does for all of them), so the
+    program's next read or write on it fails and its client connects again.
+    Returns how many changed. The file is replaced whole, as move_addresses does."""
+    wanted = set()
+    for local, remote in closed:
+        try:
+            wanted.add((tcp_end.text(*tcp_end.parse(local)), tcp_end.text(*tcp_end.parse(remote))))
+        except GpucrError:
+            raise GpucrError(f"bad connection to close {local} -> {remote}: give two TCP ends",
+                             "e.g. --close 10.0.0.1:40000 10.9.0.1:443") from None
+    images = _pycriu()
+    img = _load(image_dir)
+    changed = 0
+    for s in _tcp_entries(img):
+        family = s.get("family", "INET")
+        ends = (_end(s.get("src_addr", []), s.get("src_port", 0), family),
+                _end(s.get("dst_addr", []), s.get("dst_port", 0), family))
+        if str(s.get("state", "")) == "LISTEN" or ends not in wanted:
+            continue
+        nowhere = "::" if family == "INET6" else "0.0.0.0"
+        s.update(state="CLOSE", src_addr=[nowhere], src_port=0, dst_addr=[nowhere], dst_port=0)
+        changed += 1
+    if changed:
+        _replace(image_dir, images, img)
+    return changed
+
+
+def _replace(image_dir: Path, images, img: dict) -> None:
+    path = Path(image_dir) / FILES_IMAGE
+    tmp = path.with_suffix(".img.tmp")
+    with open(tmp, "wb") as f:
+        images.dump(img, f)
+    os.replace(tmp, path)
+
+
+def moved_copy(criu_dir: Path, dest: Path, moved: dict[str, str],
+               closed: list[tuple[str, str]] | None = None) -> Path:
+    """A view of the CRIU images in `criu_dir` with the connections `closed` names
+    closed (close_connections), then the TCP ends moved (move_addresses): links to
+    every image but the one rewritten, so a committed image is never changed."""
     dest.mkdir(mode=0o700)
     for f in Path(criu_dir).iterdir():
         if f.name == FILES_IMAGE:
             shutil.copyfile(f, dest / f.name)
         else:
             (dest / f.name).symlink_to(f.absolute())
+    close_connections(dest, closed or [])
     move_addresses(dest, moved)
     return dest

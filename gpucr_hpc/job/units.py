@@ -30,6 +30,7 @@ class Unit:
     pid: int
     node: str
     srun_status: str = ""   # for srun tasks: the status file their wrapper waits on
+    outside: str = "refuse"  # its connections to outside the job: refused, or closed at a restore
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -59,6 +60,12 @@ def environ_of(pid: int) -> dict:
     return dict(e.split("=", 1) for e in raw.decode(errors="replace").split("\0") if "=" in e)
 
 
+def _outside(pid: int) -> str:
+    """The task's policy for connections to outside the job, as the plugin set it
+    in its environment (the job's --gpucr-outside, else the site's outside=)."""
+    return config.value("GPUCR_OUTSIDE", environ_of(pid)) or "refuse"
+
+
 def local_units(run_dir: Path, node: str) -> list[Unit]:
     units = []
     for rec in read_registry(run_dir):
@@ -72,11 +79,11 @@ def local_units(run_dir: Path, node: str) -> list[Unit]:
                 raise GpucrError(f"the batch script of the job on {node} is not recorded yet "
                                  "(the job is starting, or its restore is under way)",
                                  "try again in a few seconds; the job was left running")
-            units.append(Unit("batch", "batch", 0, rec["pid"], node))
+            units.append(Unit("batch", "batch", 0, rec["pid"], node, outside=_outside(rec["pid"])))
         elif rec["step"].isdigit():
             status = config.value("GPUCR_SRUN_STATUS", environ_of(rec["pid"])) or ""
             units.append(Unit(f"rank-{rec['step']}.{rec['rank']}", rec["step"], rec["rank"],
-                              rec["pid"], node, status))
+                              rec["pid"], node, status, _outside(rec["pid"])))
     return units
 
 

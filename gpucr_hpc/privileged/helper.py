@@ -25,7 +25,7 @@ caller's directories are opened, read and written only as the caller
     gpucr-criu-root dump --pid PID --images DIR --work DIR [--leave-running] [--shell-job]
                          [--tcp-lock nftables|skip]
     gpucr-criu-root restore --images DIR --work DIR [--shell-job] [--new-pidns]
-                            [--inherit-fd FD:KEY]... [--tcp] [--move END=ADDR]...
+                            [--inherit-fd FD:KEY]... [--tcp] [--move END=ADDR]... [--close LOCAL REMOTE]...
                             [--lock NAME --lock-seconds S --flow LOCAL,REMOTE...]
     gpucr-criu-root lock --lock NAME --lock-seconds S --flow LOCAL,REMOTE...
     gpucr-criu-root unlock --lock NAME
@@ -174,6 +174,8 @@ def restore(args, who: Caller, work_fd: int, handed: frozenset[int]) -> tuple[di
             seal.copy_verified(images_fd, copy_fd, who)
         finally:
             os.close(copy_fd)
+        if args.close:  # the caller's own connections, given back unconnected: nothing to check
+            criu_tcp.close_connections(images, args.close)
         if moved:
             criu_tcp.move_addresses(images, moved)  # our own checked copy
         if args.tcp or moved:
@@ -270,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--tcp-lock", choices=("nftables", "skip"))
     r.add_argument("--tcp", action="store_true")
     r.add_argument("--move", action="append", default=[])
+    r.add_argument("--close", action="append", nargs=2, default=[], metavar=("LOCAL", "REMOTE"))
     lk = sub.add_parser("lock")
     ul = sub.add_parser("unlock")
     for s in (r, lk):

@@ -343,11 +343,13 @@ def _pids_in_use(pids: list[int], zombie_grace: float = 5.0) -> list[int]:
 def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: bool = False,
                  inherit: dict[int, str] | None = None, checksums_verified: bool = False,
                  gpus: list[str] | None = None, tied: bool = False,
-                 moved: dict[str, str] | None = None, lock: netlock.Spec | None = None) -> dict:
+                 moved: dict[str, str] | None = None, lock: netlock.Spec | None = None,
+                 closed: list[tuple[str, str]] | None = None) -> dict:
     """Restore the image in from_dir; `inherit` hands our fds to the tree (criu --inherit-fd).
 
     moved: TCP ends ("addr:port") that are elsewhere now -> their new address: the
     connections are restored with those ends (the image itself is not changed).
+    closed: connections (local end, remote end) to outside the job, restored closed.
     lock: taken on the restored connections before CRIU runs; the caller lets it go.
 
     tied: a job's unit, whose new PID namespace must end with the step restoring it.
@@ -401,7 +403,8 @@ def restore_from(from_dir: str | Path, *, pidns: str = "auto", rewind_files: boo
         t = time.monotonic()
         restored = criu.start_restore(img.criu_dir, work, shell_job=bool(proc.get("shell_job")),
                                       new_pidns=new_ns, inherit=inherit, tied=tied and new_ns,
-                                      tcp=bool((m.get("criu") or {}).get("tcp_lock")), moved=moved, lock=lock)
+                                      tcp=bool((m.get("criu") or {}).get("tcp_lock")), moved=moved, lock=lock,
+                                      closed=closed)
         timings["criu_restore_s"] = time.monotonic() - t
         placed: list[dict] = []
         if m.get("gpu_processes"):

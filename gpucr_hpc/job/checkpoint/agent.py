@@ -159,7 +159,8 @@ def survey(job: dict) -> tuple[Path, list[Unit]]:
 def unit_sockets(units: list[Unit]) -> list[Socket]:
     """The TCP sockets of these units' processes."""
     node = node_name()
-    return [s for u in units for s in connections.unit_sockets(u.name, node, criu_mod.process_tree(u.pid))]
+    return [s for u in units
+            for s in connections.unit_sockets(u.name, node, criu_mod.process_tree(u.pid), u.outside)]
 
 
 def tcp_plans(sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
@@ -169,13 +170,20 @@ def tcp_plans(sockets: list[Socket], c: connections.Cut) -> dict[str, dict]:
     them: "skip", since the agents hold the lock on every one (None: only
     listening sockets). CRIU's own lock is never used: restoring a connection with
     data still unsent under it fails (EPIPE) where both ends are restored by one
-    CRIU run."""
+    CRIU run. A connection to outside the job under the close policy is dumped
+    like the others (the program runs on with it) and listed apart ("closed"):
+    a restore gives it back closed, and neither moves nor locks it."""
     plans: dict[str, dict] = {}
+    closing = {(s.unit, s.local, s.remote) for s in c.closed}
     for s in sockets:
-        plan = plans.setdefault(s.unit, {"lock": None, "ends": [], "peers": {}, "links": []})
-        plan["ends"].append(s.local)
+        plan = plans.setdefault(s.unit, {"lock": None, "ends": [], "peers": {}, "links": [], "closed": []})
         if not s.listening:
             plan["lock"] = "skip"
+        if (s.unit, s.local, s.remote) in closing:
+            plan["closed"].append([s.local, s.remote])
+            continue
+        plan["ends"].append(s.local)
+        if not s.listening:
             plan["links"].append([s.local, s.remote])
     for a, b in c.between_units:
         for mine, peer in ((a, b), (b, a)):

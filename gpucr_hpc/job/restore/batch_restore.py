@@ -166,7 +166,8 @@ def restore_unit(gen: Path, unit: dict, site, jobid: str,
         t0 = time.monotonic()
         try:
             rep = process_image.restore_from(source, pidns="new", rewind_files=True, inherit=inherit,
-                                             checksums_verified=checked, tied=True, moved=moved, lock=lock)
+                                             checksums_verified=checked, tied=True, moved=moved, lock=lock,
+                                             closed=[tuple(c) for c in (unit.get("tcp") or {}).get("closed", [])])
         finally:
             remove_created(created)  # the restored shell holds it open by now
     log(f"{unit['name']} of {gen.name} read from {where} on {node_name()}, restored in "
