@@ -65,6 +65,9 @@ MEANING = {
              "([Node memory first](#node-memory-first-the-staging-tier)).",
     "stage_cap": "What staged checkpoints may take of `stage=` on a node (a share of its file system such as "
                  "`50%`, or a size such as `64G`); a unit beyond it goes straight to the image root.",
+    "outside": "What a checkpoint of a `--gpucr=on` job does with a TCP connection to a server outside the job "
+               "(W&B, MLflow): `refuse` the checkpoint, or `close`: the connection is restored closed and the "
+               "program reconnects (`GPUCR_OUTSIDE` of every task); a job's `--gpucr-outside` wins.",
 }
 
 

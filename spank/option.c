@@ -1,6 +1,7 @@
 /*
- * --gpucr[=on|off]: registered with spank_option_register() because sbatch
- * and salloc of Slurm 22.05 ignore a static spank_options[] table.
+ * --gpucr[=on|off], --gpucr-interval and --gpucr-outside: registered with
+ * spank_option_register() because sbatch and salloc of Slurm 22.05 ignore a
+ * static spank_options[] table.
  */
 #include "option.h"
 
@@ -69,6 +70,34 @@ static struct spank_option interval_option = {
 	interval_cb,
 };
 
+static char outside[8];   /* --gpucr-outside, "" when not given */
+
+static int outside_cb(int val, const char *optarg, int remote)
+{
+	(void)val;
+	(void)remote;
+	if (!optarg || !gpucr_outside_valid(optarg))
+		return -1;   /* Slurm says "Invalid --gpucr-outside argument: VALUE" */
+	snprintf(outside, sizeof(outside), "%s", optarg);
+	return 0;
+}
+
+const char *gpucr_option_outside(void)
+{
+	return outside[0] ? outside : NULL;
+}
+
+static struct spank_option outside_option = {
+	"gpucr-outside",
+	"refuse|close",
+	"What a checkpoint of this --gpucr=on job does with a TCP connection to a "
+	"server outside the job: refuse the checkpoint, or close: restore the "
+	"connection closed, for the program to reconnect (default: the site's).",
+	1,      /* argument required */
+	0,
+	outside_cb,
+};
+
 static struct spank_option gpucr_option = {
 	"gpucr",
 	"[on|off]",
@@ -81,15 +110,17 @@ static struct spank_option gpucr_option = {
 
 int gpucr_option_register(spank_t sp, const struct gpucr_site *site)
 {
+	struct spank_option *options[] = { &gpucr_option, &interval_option, &outside_option };
+
 	site_cfg = site;
-	spank_err_t rc = spank_option_register(sp, &gpucr_option);
+	for (size_t i = 0; i < sizeof(options) / sizeof(options[0]); i++) {
+		spank_err_t rc = spank_option_register(sp, options[i]);
 
-	if (rc == ESPANK_SUCCESS)
-		rc = spank_option_register(sp, &interval_option);
-
-	if (rc != ESPANK_SUCCESS) {
-		slurm_error("gpucr: cannot register --gpucr: %s", spank_strerror(rc));
-		return -1;
+		if (rc != ESPANK_SUCCESS) {
+			slurm_error("gpucr: cannot register --%s: %s", options[i]->name,
+				    spank_strerror(rc));
+			return -1;
+		}
 	}
 	return 0;
 }

@@ -1,5 +1,5 @@
 /*
- * The user option --gpucr[=on|off].
+ * The user options --gpucr[=on|off], --gpucr-interval and --gpucr-outside.
  */
 #ifndef GPUCR_OPTION_H
 #define GPUCR_OPTION_H
@@ -26,7 +26,11 @@ int gpucr_parse_mode(const char *arg);
 /* --gpucr-interval=N[smh]|off as given (NULL when not given). */
 const char *gpucr_option_interval(void);
 
-/* Register --gpucr and --gpucr-interval with Slurm (all contexts that take options). */
+/* --gpucr-outside=refuse|close as given (NULL when not given). */
+const char *gpucr_option_outside(void);
+
+/* Register --gpucr, --gpucr-interval and --gpucr-outside with Slurm (all contexts
+ * that take options). */
 int gpucr_option_register(spank_t sp, const struct gpucr_site *site);
 
 /* Mode given on the command line (or replayed by slurmstepd). */

@@ -44,6 +44,7 @@ static const struct key keys[] = {
 	{ "interval",    FIELD(interval),    0 },
 	{ "stage",       FIELD(stage),       1 },
 	{ "stage_cap",   FIELD(stage_cap),   0 },
+	{ "outside",     FIELD(outside),     0 },
 };
 
 long gpucr_parse_interval(const char *v)
@@ -64,6 +65,11 @@ long gpucr_parse_interval(const char *v)
 	case 'h': return n * 3600;
 	default: return -1;
 	}
+}
+
+int gpucr_outside_valid(const char *v)
+{
+	return !strcmp(v, "refuse") || !strcmp(v, "close");
 }
 
 /* arena_prealloc=auto, off, or a size: digits with an optional . part and
@@ -135,6 +141,8 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 	snprintf(site->arena_prealloc, sizeof(site->arena_prealloc), "%s", "auto");
 	snprintf(site->interval, sizeof(site->interval), "%s", DEFAULT_OFF);
 	snprintf(site->stage_cap, sizeof(site->stage_cap), "%s", "50%");
+	/* a checkpoint never silently breaks a connection the program did not expect to lose */
+	snprintf(site->outside, sizeof(site->outside), "%s", "refuse");
 
 	for (int i = 0; i < ac; i++) {
 		const char *eq = strchr(av[i], '=');
@@ -148,16 +156,12 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 			}
 		}
 		if (!k) {
-			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal= copy_helper= arena_prealloc= interval= stage= stage_cap=)", av[i]);
+			rc = set_error(site, "unknown plugstack.conf argument '%s' (known: shim= rundir= imageroot= arena= gpu_feature= vendor= cli= bindir= signal= copy_helper= arena_prealloc= interval= stage= stage_cap= outside=)", av[i]);
 			continue;
 		}
 		const char *val = eq + 1;
 		if (k->is_path && val[0] != '/') {
 			rc = set_error(site, "plugstack.conf argument '%s' must be an absolute path", av[i]);
-			continue;
-		}
-		if (strlen(val) >= k->size) {
-			rc = set_error(site, "plugstack.conf argument '%s' is too long", av[i]);
 			continue;
 		}
 		if (!strcmp(k->name, "signal") && !signal_valid(val)) {
@@ -172,12 +176,21 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av)
 			rc = set_error(site, "plugstack.conf argument '%s' must be a checkpoint interval such as 3600, 90m or 2h, or off", av[i]);
 			continue;
 		}
+		if (!strcmp(k->name, "outside") && !gpucr_outside_valid(val)) {
+			rc = set_error(site, "plugstack.conf argument '%s' must be refuse or close", av[i]);
+			continue;
+		}
 		if (!strcmp(k->name, "stage_cap") && !stage_cap_valid(val)) {
 			rc = set_error(site, "plugstack.conf argument '%s' must be a share such as 50%% or a size such as 64G", av[i]);
 			continue;
 		}
 		if (!strcmp(k->name, "arena_prealloc") && !prealloc_valid(val)) {
 			rc = set_error(site, "plugstack.conf argument '%s' must be auto, off or a size such as 80G", av[i]);
+			continue;
+		}
+		/* after the checks of the value: a long bad one is told what it may be */
+		if (strlen(val) >= k->size) {
+			rc = set_error(site, "plugstack.conf argument '%s' is too long", av[i]);
 			continue;
 		}
 		memcpy((char *)site + k->offset, val, strlen(val) + 1);

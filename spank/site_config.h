@@ -24,6 +24,7 @@ struct gpucr_site {
 	char stage[PATH_MAX];       /* stage=DIR        node memory a preemption
 				     *                  writes to first ("": none) */
 	char stage_cap[32];         /* stage_cap=N%|SIZE   what staging may take  */
+	char outside[8];            /* outside=refuse|close TCP to outside the job */
 	char error[512];            /* first problem found, "" when none         */
 };
 
@@ -34,6 +35,9 @@ int gpucr_site_parse(struct gpucr_site *site, int ac, char **av);
 /* A checkpoint interval: N, Ns, Nm or Nh; off or 0 for none.  Seconds (0: none),
  * or -1 when it is none of those. */
 long gpucr_parse_interval(const char *v);
+
+/* A policy for TCP connections to outside the job: 1 for refuse or close, else 0. */
+int gpucr_outside_valid(const char *v);
 
 /* Expand %n (short host name: nodename is passed in), %h (full host
  * name) and %% in pattern. */

@@ -147,6 +147,18 @@ static int interval_setenv(spank_t sp, const struct gpucr_site *site)
 	return setenv_default(sp, "GPUCR_CHECKPOINT_INTERVAL", buf);
 }
 
+/* GPUCR_OUTSIDE for the node agent, which reads it from each task's initial
+ * environment: the job's --gpucr-outside, else the site's outside= unless the
+ * job set its own (an srun step inherits its batch step's). */
+static int outside_setenv(spank_t sp, const struct gpucr_site *site)
+{
+	const char *given = gpucr_option_outside();
+
+	if (given)
+		return gpucr_setenv(sp, "GPUCR_OUTSIDE", given);
+	return setenv_default(sp, "GPUCR_OUTSIDE", site->outside);
+}
+
 int gpucr_step_setenv(spank_t sp, const struct gpucr_site *site,
 		      const struct gpucr_step *step)
 {
@@ -172,6 +184,7 @@ int gpucr_step_setenv(spank_t sp, const struct gpucr_site *site,
 	rc |= gpucr_setenv(sp, "GPUCR_ENABLED", "1");
 	rc |= fast_path_setenv(sp, site, step);
 	rc |= interval_setenv(sp, site);
+	rc |= outside_setenv(sp, site);
 	return rc ? -1 : 0;
 }
 

@@ -33,7 +33,8 @@ int gpucr_step_read(spank_t sp, const struct gpucr_site *site,
 int gpucr_step_is_extern(spank_t sp);
 
 /* GPUCR_JOB_ID, _STEP_ID, _NODE_ID, _NODENAME, _RUN_DIR, _IMAGE_ROOT,
- * _ARENA_DIR, _SHIM, _GPU_FEATURE, _VENDOR, _RESTART_COUNT, _ENABLED. */
+ * _ARENA_DIR, _SHIM, _GPU_FEATURE, _VENDOR, _RESTART_COUNT, _ENABLED, the
+ * fast path's, _CHECKPOINT_INTERVAL and _OUTSIDE. */
 int gpucr_step_setenv(spank_t sp, const struct gpucr_site *site,
 		      const struct gpucr_step *step);
 

@@ -125,6 +125,7 @@ int gpucr_env_remove_shim(spank_t sp, const char *shim)
 		"GPUCR_GPU_FEATURE", "GPUCR_VENDOR", "GPUCR_RESTART_COUNT",
 		"GPUCR_ENABLED", "GPUCR_SUBMISSION", "GPUCR_ARENA_PREALLOC",
 		"GPUCR_COPY_HELPER", "GPUCR_COPY_HELPER_START", "GPUCR_CHECKPOINT_INTERVAL",
+		"GPUCR_OUTSIDE",
 	};
 	char *old = malloc(ENV_MAX), *new = malloc(ENV_MAX);
 	int rc = -1;

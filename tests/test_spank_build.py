@@ -112,3 +112,39 @@ def test_ld_preload_editing(src, tmp_path, op, old, want):
     argv = [str(exe), op, "/s.so"] + ([old] if old is not None else [])
     out = subprocess.run(argv, capture_output=True, text=True).stdout.strip()
     assert out == (want if want == "TOO LONG" else f"[{want}]")
+
+
+SITE_HARNESS = r'''
+#include <stdio.h>
+#include "site_config.h"
+int main(int argc, char **argv) {
+    struct gpucr_site site;
+    if (gpucr_site_parse(&site, argc - 1, argv + 1) != 0) {
+        printf("ERROR %s\n", site.error);
+        return 1;
+    }
+    printf("outside=%s\n", site.outside);
+    return 0;
+}
+'''
+
+
+@pytest.mark.parametrize("args,want", [
+    ([], "outside=refuse"),
+    (["outside=close"], "outside=close"),
+    (["outside=refuse"], "outside=refuse"),
+    (["outside=Close"], "ERROR plugstack.conf argument 'outside=Close' must be refuse or close"),
+    (["outside="], "ERROR plugstack.conf argument 'outside=' must be refuse or close"),
+    # longer than the field: still told what it may be
+    (["outside=sometimes"], "ERROR plugstack.conf argument 'outside=sometimes' must be refuse or close"),
+])
+def test_outside_argument(src, tmp_path, args, want):
+    """plugstack outside=refuse|close: refuse unless the site says close; a bad value is
+    one line naming the argument and what it may be (site_config.c needs no Slurm)."""
+    (tmp_path / "s.c").write_text(SITE_HARNESS)
+    exe = tmp_path / "s"
+    subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", f"-I{src}", "-o", str(exe),
+                    str(tmp_path / "s.c"), str(src / "site_config.c")], check=True)
+    res = subprocess.run([str(exe), *args], capture_output=True, text=True)
+    assert res.stdout.splitlines() == [want], res.stdout
+    assert res.returncode == (1 if want.startswith("ERROR") else 0)

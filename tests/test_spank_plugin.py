@@ -306,17 +306,50 @@ def test_each_submission_has_its_own_token_in_every_step(spank):
     assert seen[0] != seen[1]
 
 
+@pytest.mark.parametrize("option", ["gpucr", "gpucr-outside"])
 @pytest.mark.parametrize("tool", ["sbatch", "srun", "salloc"])
-def test_bad_value_rejected_before_submission(spank, tool):
+def test_bad_value_rejected_before_submission(spank, tool, option):
     before = spank.run("squeue", "-h", "-o", "%i").stdout.split()
-    argv = {"sbatch": ["sbatch", "--gpucr=maybe", "--wrap", "true"],
-            "srun": ["srun", "--gpucr=maybe", "true"],
-            "salloc": ["salloc", "--gpucr=maybe", "true"]}[tool]
+    bad = f"--{option}=maybe"
+    argv = {"sbatch": ["sbatch", bad, "--wrap", "true"],
+            "srun": ["srun", bad, "true"],
+            "salloc": ["salloc", bad, "true"]}[tool]
     res = spank.run(*argv)
     assert res.returncode != 0
     lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--gpucr" in lines[0] and "maybe" in lines[0], res.stderr
+    assert len(lines) == 1 and f"--{option} argument" in lines[0] and "maybe" in lines[0], res.stderr
     assert spank.run("squeue", "-h", "-o", "%i").stdout.split() == before
+
+
+def outside_of(spank, *args, script=None):
+    """{tag: GPUCR_OUTSIDE} of a --gpucr=on batch job's batch step and its srun steps."""
+    script = script or f"python3 {spank.probe} batch\nsrun python3 {spank.probe} step\n"
+    jobid, rc, out = spank.batch(script, "--gpucr=on", "-N1", *args)
+    assert rc == 0, out
+    return {p["tag"]: p["env"].get("GPUCR_OUTSIDE") for p in probes(out)}
+
+
+def test_outside_policy_reaches_every_step(spank):
+    """GPUCR_OUTSIDE in every task of every step: the site's outside= (refuse when not
+    set), unless the job chose --gpucr-outside (sbatch for the whole job, srun for its
+    step alone)."""
+    both = {"batch": "refuse", "step": "refuse"}
+    assert outside_of(spank) == both
+    assert outside_of(spank, "--gpucr-outside=close") == {"batch": "close", "step": "close"}
+    spank.configure(spank.line(outside="close"))
+    try:
+        assert outside_of(spank) == {"batch": "close", "step": "close"}
+        assert outside_of(spank, "--gpucr-outside=refuse") == both
+        assert outside_of(spank, script=f"python3 {spank.probe} batch\n"
+                                        f"srun --gpucr-outside=refuse python3 {spank.probe} step\n"
+                                        f"srun python3 {spank.probe} after\n") == \
+            {"batch": "close", "step": "refuse", "after": "close"}
+    finally:
+        spank.configure(spank.line())
+    res = spank.run("salloc", "--gpucr=on", "--gpucr-outside=close", "-N1",
+                    "srun", "python3", str(spank.probe), "salloc")
+    assert res.returncode == 0, res.stderr
+    assert [p["env"].get("GPUCR_OUTSIDE") for p in probes(res.stdout)] == ["close"]
 
 
 def test_run_dir_kept_while_persisting(spank, test_user):
@@ -555,7 +588,8 @@ def test_site_fast_path_reaches_every_task(spank):
 @pytest.mark.parametrize("arg,says", [("copy_helper=yes", "must be on or off"),
                                       ("arena_prealloc=lots", "must be auto, off or a size such as 80G"),
                                       ("stage_cap=half", "must be a share such as 50% or a size such as 64G"),
-                                      ("stage=dev/shm", "must be an absolute path")])
+                                      ("stage=dev/shm", "must be an absolute path"),
+                                      ("outside=sometimes", "must be refuse or close")])
 def test_bad_fast_path_argument_fails_only_gpucr_jobs(spank, arg, says):
     key, value = arg.split("=")
     spank.configure(spank.line(**{key: value}))
