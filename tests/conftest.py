@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from job_helpers import COUNTER
-from user_helpers import USERS, ensure_user, owned_dir
+from user_helpers import USERS, as_user, ensure_user, owned_dir
 
 REPO = Path(__file__).resolve().parent.parent
 TESTCLUSTER = REPO / "scripts" / "testcluster"
@@ -57,8 +57,13 @@ class SlurmCluster:
         return subprocess.run(list(argv), env=kw.pop("env", self.env), capture_output=True,
                               text=True, check=check, **kw)
 
-    def sbatch(self, script: Path, *args) -> str:
-        out = self.run("sbatch", "--parsable", *args, str(script))
+    def sbatch(self, script: Path, *args, user=None) -> str:
+        """The job's id; submitted by root, or by `user` (a pwd entry)."""
+        if user is None:
+            out = self.run("sbatch", "--parsable", *args, str(script))
+        else:
+            out = as_user(user, "sbatch", "--parsable", *args, str(script), env=self.env)
+            assert out.returncode == 0, out.stderr
         return out.stdout.strip().split(";")[0]
 
     def job(self, jobid: str) -> dict:

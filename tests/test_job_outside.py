@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from job_helpers import gpucr, numbers, wait_for
-from user_helpers import as_user, gpucr_as
+from user_helpers import gpucr_as
 
 pytestmark = [pytest.mark.slurm, pytest.mark.criu]
 
@@ -106,12 +106,7 @@ echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
 echo "after python rc=$?"
 """)
     args = ("--gpucr=on", "-o", str(out), *options)
-    if user is None:
-        jobid = slurm_cluster.sbatch(script, *args)
-    else:
-        r = as_user(user, "sbatch", "--parsable", *args, str(script), env=slurm_cluster.env)
-        assert r.returncode == 0, r.stderr
-        jobid = r.stdout.strip().split(";")[0]
+    jobid = slurm_cluster.sbatch(script, *args, user=user)
     slurm_cluster.wait_state(jobid, "RUNNING")
     wait_for(lambda: len(numbers(acked)) > 10, what="the uploader to post records",
              detail=lambda: out.read_text() if out.exists() else "")

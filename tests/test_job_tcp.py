@@ -26,7 +26,7 @@ if os.geteuid() != 0:
     pytest.skip("job checkpoint with CRIU needs root here", allow_module_level=True)
 
 from job_helpers import gpucr, output_of, suspended_then_resumed, wait_for  # noqa: E402
-from user_helpers import as_user, gpucr_as  # noqa: E402
+from user_helpers import gpucr_as  # noqa: E402
 
 WORDS, PER_TICK, TICK = 60_000, 100, 0.05  # 30 s of streaming
 
@@ -87,12 +87,7 @@ def submit_pair(cluster, workdir, port: int, *sbatch_args, user=None) -> tuple[s
                       f"srun --ntasks=2 --ntasks-per-node=1 {sys.executable} {workdir}/pair.py {port} {workdir} "
                       f"{WORDS} {PER_TICK} {TICK}\necho after srun rc=$?\n")
     args = ("--gpucr=on", "-N2", "-o", str(workdir / "pair.out"), *sbatch_args)
-    if user is None:
-        jobid = cluster.sbatch(script, *args)
-    else:
-        r = as_user(user, "sbatch", "--parsable", *args, str(script), env=cluster.env)
-        assert r.returncode == 0, r.stderr
-        jobid = r.stdout.strip().split(";")[0]
+    jobid = cluster.sbatch(script, *args, user=user)
     return jobid, [workdir / f"pair-{r}.txt" for r in (0, 1)]
 
 
